@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs the Debian packages strata builds against. Idempotent: packages already present are
+# skipped; prints what it installs. Downloads nothing but Debian packages.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libgtest-dev libgmock-dev libbenchmark-dev   # tests, kernel benchmarks
+  clang libclang-rt-14-dev                     # libFuzzer targets (STRATA_FUZZ)
+  libhwloc-dev liburing-dev                    # topology / NUMA binding, io_uring block reader
+  libxsimd-dev libdnnl-dev                     # portable SIMD, large CPU matmuls
+  libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libpcre2-dev libcpp-httplib-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} packages already installed"
+  exit 0
+fi
+
+echo "setup: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "setup: done"

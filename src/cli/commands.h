@@ -1,0 +1,15 @@
+// Subcommands of the `strata` executable. Each registers its options on the CLI11 app and returns
+// the process exit code when run.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace strata::cli {
+
+using Runner = std::function<int()>;
+
+Runner add_info_command(CLI::App& app);
+Runner add_synth_command(CLI::App& app);
+
+}  // namespace strata::cli

@@ -1,0 +1,62 @@
+// strata: run Mixture-of-Experts models larger than one GPU on one workstation.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+
+namespace {
+
+struct Planned {
+  const char* name;
+  const char* what;
+  const char* issue;
+};
+
+// Commands of the design that are not built yet: they exist so that `strata --help` shows the
+// whole tool, and they fail with a clear message instead of pretending.
+constexpr Planned kPlanned[] = {
+    {"run", "generate text from a prompt", "#3 (inference end to end on the CPU)"},
+    {"chat", "interactive chat with a chat template", "#3 (inference end to end on the CPU)"},
+    {"serve", "OpenAI-compatible HTTP server", "#9 (server)"},
+    {"bench", "end-to-end decode / prefill benchmark", "#3 and #4"},
+    {"profile", "split each token's time into CPU, GPU, PCIe and NVMe", "#8 (profiler)"},
+    {"plan", "predict speed and placement for a model on this box", "#8 (planner)"},
+    {"calibrate", "measure DRAM, NVMe, PCIe bandwidth and CPU throughput", "#8 (calibration)"},
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"strata: Mixture-of-Experts inference for one workstation (CPU-first hybrid)"};
+  app.set_version_flag("--version", std::string("strata ") + STRATA_VERSION);
+  app.require_subcommand(1);
+
+  std::vector<std::pair<CLI::App*, strata::cli::Runner>> runners;
+  {
+    auto r = strata::cli::add_info_command(app);
+    runners.emplace_back(app.get_subcommands().back(), r);
+  }
+  {
+    auto r = strata::cli::add_synth_command(app);
+    runners.emplace_back(app.get_subcommands().back(), r);
+  }
+  for (const Planned& p : kPlanned) {
+    CLI::App* sub = app.add_subcommand(p.name, std::string(p.what) + " [not built yet]");
+    sub->allow_extras();
+    runners.emplace_back(sub, [p] {
+      std::fprintf(stderr, "strata %s: not built yet; it arrives with issue %s\n", p.name, p.issue);
+      return 2;
+    });
+  }
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  for (auto& [sub, run] : runners) {
+    if (sub->parsed()) return run();
+  }
+  return 2;
+}

@@ -1,0 +1,72 @@
+#include "test_support.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <stdexcept>
+#include <sys/wait.h>
+
+namespace fs = std::filesystem;
+
+namespace strata::test {
+
+fs::path data_dir() { return fs::path(STRATA_SOURCE_DIR) / "tests" / "data"; }
+
+std::optional<fs::path> fixtures_dir() {
+  if (const char* env = std::getenv("STRATA_FIXTURES")) {
+    if (fs::is_directory(env)) return fs::path(env);
+  }
+  fs::path p = fs::path(STRATA_SOURCE_DIR).parent_path() / "shared" / "fixtures";
+  if (fs::is_directory(p / "models")) return p;
+  return std::nullopt;
+}
+
+std::vector<fs::path> fixture_models() {
+  std::vector<fs::path> out;
+  auto dir = fixtures_dir();
+  if (!dir) return out;
+  for (const auto& arch : fs::directory_iterator(*dir / "models")) {
+    if (!arch.is_directory()) continue;
+    for (const auto& f : fs::directory_iterator(arch.path())) {
+      const std::string n = f.path().filename().string();
+      if (n.rfind("model-", 0) == 0 && f.path().extension() == ".gguf") out.push_back(f.path());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<uint8_t> read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + p.string());
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_file(const fs::path& p, const std::vector<uint8_t>& bytes) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+  if (!out) throw std::runtime_error("cannot write " + p.string());
+}
+
+fs::path scratch_dir(const std::string& name) {
+  fs::path p = fs::path(STRATA_BINARY_DIR) / "test-scratch" / name;
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+int run_cli(const std::string& args, std::string* output) {
+  std::string cmd = std::string("\"") + STRATA_CLI_PATH + "\" " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) throw std::runtime_error("popen failed");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+  int status = pclose(pipe);
+  if (output) *output = out;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+}  // namespace strata::test

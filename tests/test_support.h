@@ -1,0 +1,28 @@
+// Helpers shared by the tests: where vendored data and the shared fixtures are.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace strata::test {
+
+// tests/data in the source tree (vendored, always present).
+std::filesystem::path data_dir();
+// ../shared/fixtures beside the checkout, or $STRATA_FIXTURES; nullopt when absent (tests over
+// the full set then GTEST_SKIP with a message saying so).
+std::optional<std::filesystem::path> fixtures_dir();
+// Every model-*.gguf under fixtures/models (sorted), empty when the fixtures are absent.
+std::vector<std::filesystem::path> fixture_models();
+
+std::vector<uint8_t> read_file(const std::filesystem::path& p);
+void write_file(const std::filesystem::path& p, const std::vector<uint8_t>& bytes);
+// A fresh empty directory under the build tree for one test.
+std::filesystem::path scratch_dir(const std::string& name);
+
+// Runs the strata executable with `args`, returns its exit code; stdout+stderr into `output`.
+int run_cli(const std::string& args, std::string* output);
+
+}  // namespace strata::test
