@@ -33,14 +33,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   std::vector<std::pair<CLI::App*, strata::cli::Runner>> runners;
-  {
-    auto r = strata::cli::add_info_command(app);
-    runners.emplace_back(app.get_subcommands().back(), r);
-  }
-  {
-    auto r = strata::cli::add_synth_command(app);
-    runners.emplace_back(app.get_subcommands().back(), r);
-  }
+  runners.emplace_back(nullptr, strata::cli::add_info_command(app));
+  runners.back().first = app.get_subcommand("info");
+  runners.emplace_back(nullptr, strata::cli::add_synth_command(app));
+  runners.back().first = app.get_subcommand("synth");
   for (const Planned& p : kPlanned) {
     CLI::App* sub = app.add_subcommand(p.name, std::string(p.what) + " [not built yet]");
     sub->allow_extras();

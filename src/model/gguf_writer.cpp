@@ -158,6 +158,12 @@ uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 }  // namespace
 
 void GgufWriter::set(std::string key, GgufValue value) {
+  if (key == "general.alignment") {
+    STRATA_CHECK(value.type == GgufType::u32 && value.u > 0 && (value.u & (value.u - 1)) == 0,
+                 "general.alignment must be a u32 power of two");
+    STRATA_CHECK(tensors_.empty(), "set the alignment before adding tensors");
+    alignment_ = uint32_t(value.u);
+  }
   for (auto& kv : kvs_) {
     if (kv.key == key) {
       kv.value = std::move(value);
@@ -168,9 +174,6 @@ void GgufWriter::set(std::string key, GgufValue value) {
 }
 
 void GgufWriter::set_alignment(uint32_t alignment) {
-  STRATA_CHECK(alignment > 0 && (alignment & (alignment - 1)) == 0, "alignment must be a power of two");
-  STRATA_CHECK(tensors_.empty(), "set the alignment before adding tensors");
-  alignment_ = alignment;
   set("general.alignment", GgufValue::make_u32(alignment));
 }
 
@@ -211,8 +214,9 @@ std::vector<uint8_t> GgufWriter::header_bytes() const {
   return out;
 }
 
+// Like ggml's writer, every tensor's data is padded to the alignment, the last one included.
 uint64_t GgufWriter::data_size() const {
-  return tensors_.empty() ? 0 : tensors_.back().offset + tensors_.back().n_bytes;
+  return tensors_.empty() ? 0 : align_up(tensors_.back().offset + tensors_.back().n_bytes, alignment_);
 }
 
 uint64_t GgufWriter::file_size() const { return header_bytes().size() + data_size(); }
@@ -222,8 +226,9 @@ namespace {
 // Walks the data section in chunks of at most `chunk` bytes, calling `emit(bytes)` for each chunk
 // after `fill` produced it; padding between tensors is zeros.
 template <class Emit>
-void produce_data(const std::vector<GgufTensorInfo>& tensors, const GgufWriter::FillFn& fill,
-                  size_t chunk, std::vector<uint8_t>& buf, Emit&& emit) {
+void produce_data(const std::vector<GgufTensorInfo>& tensors, uint64_t data_size,
+                  const GgufWriter::FillFn& fill, size_t chunk, std::vector<uint8_t>& buf,
+                  Emit&& emit) {
   uint64_t pos = 0;  // offset within the data section
   for (size_t k = 0; k < tensors.size(); ++k) {
     const GgufTensorInfo& t = tensors[k];
@@ -240,6 +245,10 @@ void produce_data(const std::vector<GgufTensorInfo>& tensors, const GgufWriter::
     }
     pos += t.n_bytes;
   }
+  if (data_size > pos) {
+    buf.assign(data_size - pos, 0);
+    emit(buf);
+  }
 }
 
 }  // namespace
@@ -248,7 +257,7 @@ std::vector<uint8_t> GgufWriter::write_memory(const FillFn& fill) const {
   std::vector<uint8_t> out = header_bytes();
   out.reserve(out.size() + data_size());
   std::vector<uint8_t> buf;
-  produce_data(tensors_, fill, 1 << 20, buf, [&](const std::vector<uint8_t>& b) {
+  produce_data(tensors_, data_size(), fill, 1 << 20, buf, [&](const std::vector<uint8_t>& b) {
     out.insert(out.end(), b.begin(), b.end());
     return true;
   });
@@ -300,7 +309,7 @@ Status GgufWriter::write_file(const std::string& path, const FillFn& fill,
   std::thread writer;
   uint64_t last_report = 0;
   if (ok) {
-    produce_data(tensors_, fill, kChunk, fill_buf, [&](std::vector<uint8_t>& filled) {
+    produce_data(tensors_, data_size(), fill, kChunk, fill_buf, [&](std::vector<uint8_t>& filled) {
       if (writer.joinable()) writer.join();
       if (!ok) return false;
       if (progress && written - last_report >= (256u << 20)) {

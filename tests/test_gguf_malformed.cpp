@@ -1,0 +1,225 @@
+// Malformed and hostile GGUF files: each gets its specific error, never a crash or an
+// out-of-bounds read (run under STRATA_SANITIZE=address to prove the latter).
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "gguf_builder.h"
+#include "model/gguf.h"
+#include "test_support.h"
+
+namespace strata {
+namespace {
+
+using test::RawGguf;
+
+constexpr uint32_t kF32 = 0, kQ4K = 12, kQ8_0 = 8;
+
+// A valid file: two keys, two F32 tensors of 8 and 4 elements.
+RawGguf valid_file() {
+  RawGguf g;
+  g.header(3, 2, 2).kv_str("general.architecture", "test").kv_u32("test.block_count", 1);
+  g.tensor("a", {8}, kF32, 0).tensor("b", {4}, kF32, 32);
+  g.data(32).data(16);
+  return g;
+}
+
+struct Case {
+  const char* name;
+  std::function<RawGguf()> build;
+  const char* expect;  // substring of the error
+};
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> kCases = {
+      {"empty", [] { return RawGguf{}; }, "too short for the magic"},
+      {"bad_magic", [] { RawGguf g; g.raw("GGUL", 4).put<uint32_t>(3); return g; }, "expected \"GGUF\""},
+      {"version_1", [] { RawGguf g; g.header(1, 0, 0); return g; }, "unsupported GGUF version 1"},
+      {"version_99", [] { RawGguf g; g.header(99, 0, 0); return g; }, "unsupported GGUF version 99"},
+      {"truncated_header", [] { RawGguf g; g.raw("GGUF", 4).put<uint32_t>(3).put<uint32_t>(0); return g; },
+       "truncated while reading header tensor count"},
+      {"kv_count_too_large", [] { RawGguf g; g.header(3, 0, 1ull << 40); return g; },
+       "claims 1099511627776 metadata entries"},
+      {"tensor_count_too_large", [] { RawGguf g; g.header(3, 1ull << 60, 0); return g; },
+       "claims 1152921504606846976 tensors"},
+      {"absurd_key_length",
+       [] { RawGguf g; g.header(3, 0, 1).put<uint64_t>(1ull << 62).raw("abcdefghijkl", 12); return g; },
+       "string length 4611686018427387904"},
+      {"absurd_string_value",
+       [] {
+         RawGguf g;
+         g.header(3, 0, 1).str("general.name").put<uint32_t>(8).put<uint64_t>(~0ull);
+         return g;
+       },
+       "metadata key 'general.name': string length"},
+      {"unknown_value_type",
+       [] { RawGguf g; g.header(3, 0, 1).str("k").put<uint32_t>(13).put<uint32_t>(0); return g; },
+       "metadata key 'k': unknown value type 13"},
+      {"absurd_array_length",
+       [] {
+         RawGguf g;
+         g.header(3, 0, 1).str("tokenizer.ggml.tokens").put<uint32_t>(9).put<uint32_t>(8);
+         g.put<uint64_t>(1ull << 50);
+         return g;
+       },
+       "array of 1125899906842624 string elements"},
+      {"unknown_array_element_type",
+       [] { RawGguf g; g.header(3, 0, 1).str("k").put<uint32_t>(9).put<uint32_t>(77).put<uint64_t>(1); return g; },
+       "unknown array element type 77"},
+      {"arrays_nested_too_deep",
+       [] {
+         RawGguf g;
+         g.header(3, 0, 1).str("k").put<uint32_t>(9);
+         for (int d = 0; d < 20; ++d) g.put<uint32_t>(9).put<uint64_t>(1);
+         g.put<uint32_t>(4).put<uint64_t>(0);
+         return g;
+       },
+       "nested deeper than 8 levels"},
+      {"bool_not_0_or_1",
+       [] { RawGguf g; g.header(3, 0, 1).str("b").put<uint32_t>(7).put<uint8_t>(2); return g; },
+       "boolean byte is 2"},
+      {"duplicate_key",
+       [] { RawGguf g; g.header(3, 0, 2).kv_u32("a.b", 1).kv_u32("a.b", 2); return g; },
+       "duplicate metadata key 'a.b'"},
+      {"alignment_wrong_type",
+       [] { RawGguf g; g.header(3, 0, 1).kv_str("general.alignment", "32"); return g; },
+       "'general.alignment' has type string, expected u32"},
+      {"alignment_not_power_of_two",
+       [] { RawGguf g; g.header(3, 0, 1).kv_u32("general.alignment", 48); return g; },
+       "'general.alignment' is 48, not a power of two"},
+      {"truncated_in_tensor_info",
+       [] { RawGguf g; g.header(3, 1, 0).str("t").put<uint32_t>(2).put<uint64_t>(8); g.bytes.resize(g.bytes.size() + 6); return g; },
+       "tensor 't'"},
+      {"too_many_dims",
+       [] { RawGguf g; g.header(3, 1, 0).tensor("t", {1, 1, 1, 1, 1}, kF32, 0).data(4); return g; },
+       "tensor 't' has 5 dimensions"},
+      {"zero_dims",
+       [] { RawGguf g; g.header(3, 1, 0).tensor("t", {}, kF32, 0).data(4); return g; },
+       "tensor 't' has 0 dimensions"},
+      {"retired_type_id",
+       [] { RawGguf g; g.header(3, 1, 0).tensor("t", {32}, 4, 0).data(32); return g; },
+       "tensor 't' has unknown ggml type id 4"},
+      {"unknown_type_id",
+       [] { RawGguf g; g.header(3, 1, 0).tensor("t", {32}, 4000, 0).data(32); return g; },
+       "unknown ggml type id 4000"},
+      {"shape_overflow",
+       [] { RawGguf g; g.header(3, 1, 0).tensor("t", {1ull << 32, 1ull << 32, 4}, kF32, 0).data(4); return g; },
+       "overflows the element count"},
+      {"byte_size_overflow",
+       [] { RawGguf g; g.header(3, 1, 0).tensor("t", {1ull << 62}, kF32, 0).data(4); return g; },
+       "overflows the byte size"},
+      {"row_not_whole_blocks",
+       [] { RawGguf g; g.header(3, 1, 0).tensor("w", {100, 2}, kQ4K, 0).data(1000); return g; },
+       "row length 100 is not a multiple of the q4_K block size 256"},
+      {"misaligned_offset",
+       [] { RawGguf g; g.header(3, 1, 0).tensor("t", {4}, kF32, 4).data(64); return g; },
+       "data offset 4 is not a multiple of the alignment 32"},
+      {"offset_past_end",
+       [] { RawGguf g; g.header(3, 1, 0).tensor("blk.3.ffn_up_exps.weight", {32, 4}, kQ8_0, 1ull << 40).data(136); return g; },
+       "tensor 'blk.3.ffn_up_exps.weight': data [1099511627776, +136) ends past the end of the file"},
+      {"data_truncated",
+       [] { RawGguf g; g.header(3, 1, 0).tensor("t", {64}, kF32, 0).data(200); return g; },
+       "ends past the end of the file"},
+      {"offset_plus_size_wraps",
+       [] { RawGguf g; g.header(3, 1, 0).tensor("t", {64}, kF32, ~0ull - 31).data(256); return g; },
+       "ends past the end of the file"},
+      {"duplicate_tensor",
+       [] { RawGguf g; g.header(3, 2, 0).tensor("t", {8}, kF32, 0).tensor("t", {8}, kF32, 32).data(64); return g; },
+       "duplicate tensor 't'"},
+      {"overlapping_tensors",
+       [] { RawGguf g; g.header(3, 2, 0).tensor("a", {16}, kF32, 0).tensor("b", {16}, kF32, 32).data(96); return g; },
+       "tensors 'a' [0, 64) and 'b' [32, 96) overlap"},
+  };
+  return kCases;
+}
+
+TEST(GgufMalformed, ValidBaselineParses) {
+  RawGguf g = valid_file();
+  auto f = GgufFile::parse(g.bytes, "valid");
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  EXPECT_EQ(f->tensors().size(), 2u);
+  EXPECT_EQ(f->tensor_data(f->tensors()[1]).size(), 16u);
+}
+
+TEST(GgufMalformed, EachCaseHasItsSpecificError) {
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name);
+    RawGguf g = c.build();
+    // copy into an exact-size heap buffer so ASan catches any read past the end
+    std::vector<uint8_t> exact(g.bytes.begin(), g.bytes.end());
+    auto f = GgufFile::parse(exact, c.name);
+    ASSERT_FALSE(f.ok()) << "parsed a malformed file";
+    EXPECT_NE(f.error().message.find(c.expect), std::string::npos)
+        << "got: " << f.error().message << "\nwant: " << c.expect;
+    EXPECT_EQ(f.error().message.find('\n'), std::string::npos) << "errors are one line";
+    EXPECT_EQ(f.error().message.rfind(c.name, 0), 0u) << "errors start with the file name";
+  }
+}
+
+// Every prefix of a valid file shorter than it is an error (truncated inside every section:
+// header, keys, values, tensor infos, padding, data) and never a crash.
+TEST(GgufMalformed, EveryTruncationIsAnError) {
+  RawGguf g = valid_file();
+  for (size_t n = 0; n < g.bytes.size(); ++n) {
+    std::vector<uint8_t> prefix(g.bytes.begin(), g.bytes.begin() + n);
+    auto f = GgufFile::parse(prefix, "cut");
+    ASSERT_FALSE(f.ok()) << "a prefix of " << n << " bytes parsed";
+    const std::string& m = f.error().message;
+    EXPECT_TRUE(m.find("truncated") != std::string::npos || m.find("past the end") != std::string::npos ||
+                m.find("too short") != std::string::npos || m.find("claims") != std::string::npos ||
+                m.find("exceeds") != std::string::npos)
+        << n << ": " << m;
+  }
+}
+
+TEST(GgufMalformed, TruncatedRealModel) {
+  auto bytes = test::read_file(test::data_dir() / "models" / "qwen3moe" / "model-Q4_K_M.gguf");
+  auto whole = GgufFile::parse(bytes, "whole");
+  ASSERT_TRUE(whole.ok()) << whole.error().message;
+  // cut inside the metadata, inside the tensor infos, and inside the last tensor's data
+  for (size_t n : {size_t(100), size_t(30000), size_t(whole->data_offset() - 5), bytes.size() - 1}) {
+    std::vector<uint8_t> prefix(bytes.begin(), bytes.begin() + std::min(n, bytes.size()));
+    auto f = GgufFile::parse(prefix, "cut");
+    EXPECT_FALSE(f.ok()) << n;
+  }
+}
+
+// Flipping any single header or metadata byte of a real file never crashes the reader.
+TEST(GgufMalformed, ByteFlipsNeverCrash) {
+  auto bytes = test::read_file(test::data_dir() / "models" / "qwen3moe" / "model-Q4_K_M.gguf");
+  auto whole = GgufFile::parse(bytes, "whole");
+  ASSERT_TRUE(whole.ok());
+  const size_t n_meta = size_t(whole->data_offset());
+  uint64_t state = 12345;
+  int failures = 0;
+  for (int k = 0; k < 3000; ++k) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    size_t at = size_t((state >> 33) % n_meta);
+    std::vector<uint8_t> copy(bytes.begin(), bytes.begin() + n_meta + 4096);
+    copy[at] ^= uint8_t(1u << ((state >> 20) & 7));
+    auto f = GgufFile::parse(copy, "flip");
+    failures += f.ok() ? 0 : 1;
+  }
+  EXPECT_GT(failures, 0);  // many flips land in lengths and counts and must be caught
+}
+
+// The CLI reports each malformed file with a non-zero exit and one line on stderr.
+TEST(GgufMalformed, InfoCommandReportsOneLineErrors) {
+  auto dir = test::scratch_dir("malformed");
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name);
+    auto path = dir / (std::string(c.name) + ".gguf");
+    test::write_file(path, c.build().bytes);
+    std::string out;
+    int rc = test::run_cli("info \"" + path.string() + "\"", &out);
+    EXPECT_EQ(rc, 1) << out;
+    EXPECT_NE(out.find(c.expect), std::string::npos) << out;
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  }
+  std::string out;
+  EXPECT_EQ(test::run_cli("info \"" + (dir / "does-not-exist.gguf").string() + "\"", &out), 1);
+  EXPECT_NE(out.find("cannot open"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace strata
