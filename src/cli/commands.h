@@ -11,5 +11,10 @@ using Runner = std::function<int()>;
 
 Runner add_info_command(CLI::App& app);
 Runner add_synth_command(CLI::App& app);
+Runner add_run_command(CLI::App& app);
+Runner add_bench_command(CLI::App& app);
+Runner add_logits_command(CLI::App& app);
+Runner add_chat_command(CLI::App& app);
+Runner add_tokenize_command(CLI::App& app);
 
 }  // namespace strata::cli

@@ -16,10 +16,7 @@ struct Planned {
 // Commands of the design that are not built yet: they exist so that `strata --help` shows the
 // whole tool, and they fail with a clear message instead of pretending.
 constexpr Planned kPlanned[] = {
-    {"run", "generate text from a prompt", "#3 (inference end to end on the CPU)"},
-    {"chat", "interactive chat with a chat template", "#3 (inference end to end on the CPU)"},
     {"serve", "OpenAI-compatible HTTP server", "#9 (server)"},
-    {"bench", "end-to-end decode / prefill benchmark", "#3 and #4"},
     {"profile", "split each token's time into CPU, GPU, PCIe and NVMe", "#8 (profiler)"},
     {"plan", "predict speed and placement for a model on this box", "#8 (planner)"},
     {"calibrate", "measure DRAM, NVMe, PCIe bandwidth and CPU throughput", "#8 (calibration)"},
@@ -33,10 +30,20 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   std::vector<std::pair<CLI::App*, strata::cli::Runner>> runners;
-  runners.emplace_back(nullptr, strata::cli::add_info_command(app));
-  runners.back().first = app.get_subcommand("info");
-  runners.emplace_back(nullptr, strata::cli::add_synth_command(app));
-  runners.back().first = app.get_subcommand("synth");
+  using AddFn = strata::cli::Runner (*)(CLI::App&);
+  const std::pair<const char*, AddFn> built[] = {
+      {"info", strata::cli::add_info_command},
+      {"synth", strata::cli::add_synth_command},
+      {"run", strata::cli::add_run_command},
+      {"bench", strata::cli::add_bench_command},
+      {"logits", strata::cli::add_logits_command},
+      {"chat", strata::cli::add_chat_command},
+      {"tokenize", strata::cli::add_tokenize_command},
+  };
+  for (const auto& [name, add] : built) {
+    strata::cli::Runner r = add(app);
+    runners.emplace_back(app.get_subcommand(name), std::move(r));
+  }
   for (const Planned& p : kPlanned) {
     CLI::App* sub = app.add_subcommand(p.name, std::string(p.what) + " [not built yet]");
     sub->allow_extras();

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "cpu/fp16.h"
 #include "model/ggml_type.h"
 
 namespace strata {
@@ -87,6 +88,24 @@ struct block_mxfp4 {
   uint8_t e;               // E8M0 shared exponent
   uint8_t qs[QK_MXFP4 / 2];  // FP4 (E2M1) values, nibbles as in q4_0
 };
+
+// Codebook of IQ4_NL and IQ4_XS: a 4-bit index selects one of these int8 levels (ggml-common.h
+// kvalues_iq4nl); the value is d * kvalues_iq4nl[index].
+inline constexpr int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                             1,    13,   25,  38,  53,  69,  89,  113};
+
+// Codebook of MXFP4: the FP4 E2M1 values {0, 0.5, 1, 1.5, 2, 3, 4, 6} with sign bit 3, doubled so
+// they are integers (ggml-common.h kvalues_mxfp4). Index 8 is -0, stored as 0. The doubling is
+// undone by halving the block scale: see e8m0_to_f32_half.
+inline constexpr int8_t kvalues_mxfp4[16] = {0, 1,  2,  3,  4,  6,  8,  12,
+                                             0, -1, -2, -3, -4, -6, -8, -12};
+
+// Half the value of an E8M0 exponent byte: 2^(e - 127) / 2 = 2^(e - 128), as ggml's
+// GGML_E8M0_TO_FP32_HALF computes it. e = 0 and 1 give the subnormals 2^-128 and 2^-127; e = 255
+// gives 2^127 (ggml does not treat it as NaN, and neither do we).
+inline float e8m0_to_f32_half(uint8_t e) {
+  return bits_to_f32(e < 2 ? (0x00200000u << e) : (uint32_t(e - 1) << 23));
+}
 
 static_assert(sizeof(block_q4_0) == ggml_block_bytes(GgmlType::q4_0));
 static_assert(sizeof(block_q4_1) == ggml_block_bytes(GgmlType::q4_1));

@@ -1,0 +1,130 @@
+// strata chat: interactive multi-turn chat on stdin / stdout. Each line is a user turn; the model's
+// reply streams back. The conversation is re-formatted with the chat template every turn and only
+// the tokens past what the KV cache already holds are evaluated.
+#include <omp.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <random>
+
+#include "cli/commands.h"
+#include "engine/generate.h"
+#include "engine/sampler.h"
+#include "engine/session.h"
+#include "model/chat_template.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
+
+namespace strata::cli {
+namespace {
+
+struct ChatCliOptions {
+  std::string model = STRATA_DEFAULT_MODEL;
+  std::string system;
+  std::string template_name;  // overrides the GGUF's template
+  bool raw = false;
+  bool no_think = false;
+  int ctx = 4096;
+  int threads = 0;
+  GenerateOptions gen{.n_predict = 512};
+  SamplerParams sampling{.temperature = 0.7f, .top_k = 20, .top_p = 0.8f, .min_p = 0.0f,
+                         .repeat_penalty = 1.0f, .penalty_last_n = 64, .seed = 0};
+};
+
+int fail(const std::string& m) {
+  std::fprintf(stderr, "strata chat: %s\n", m.c_str());
+  return 1;
+}
+
+int run_chat(ChatCliOptions o) {
+  if (o.threads > 0) omp_set_num_threads(o.threads);
+  auto model = Model::load(o.model);
+  if (!model) return fail(model.error().message);
+  const Model& m = **model;
+  auto tok = Tokenizer::from_gguf(m.file());
+  if (!tok) return fail(tok.error().message);
+
+  ChatFormat format = ChatFormat::raw;
+  if (!o.raw) {
+    Result<ChatFormat> f = ChatFormat::raw;
+    if (!o.template_name.empty()) {
+      f = chat_format_from_name(o.template_name);
+    } else {
+      auto t = m.file().get_string("tokenizer.chat_template");
+      if (!t) return fail(t.error().message);
+      f = detect_chat_format(t->value_or(""));
+      if (f.ok() && !t->has_value())
+        std::fprintf(stderr, "strata chat: the model has no chat template; turns are concatenated as raw text\n");
+    }
+    if (!f) return fail(f.error().message);
+    format = *f;
+  }
+  const int ctx = std::min(o.ctx, m.hparams().n_ctx_train > 0 ? m.hparams().n_ctx_train : o.ctx);
+  Session session(m, ctx);
+  o.sampling.seed = std::random_device{}();
+  Sampler sampler(o.sampling);
+  std::fprintf(stderr, "strata chat: %s, template %s, context %d; an empty line or end of input ends the chat\n",
+               o.model.c_str(), chat_format_name(format).data(), ctx);
+
+  std::vector<ChatMessage> messages;
+  if (!o.system.empty()) messages.push_back({"system", o.system});
+  std::vector<TokenId> cached;  // the tokens the session holds, in order
+  std::string line;
+  while (true) {
+    std::fprintf(stderr, "> ");
+    if (!std::getline(std::cin, line) || line.empty()) break;
+    messages.push_back({"user", line});
+    const std::string prompt = format_chat(format, messages, {.thinking = !o.no_think});
+    // the template spells out BOS where it wants one; raw text gets the vocab's own BOS
+    std::vector<TokenId> ids = tok->tokenize(prompt, format == ChatFormat::raw, true);
+    size_t common = 0;
+    while (common < cached.size() && common < ids.size() && cached[common] == ids[common]) ++common;
+    if (int64_t(ids.size()) + o.gen.n_predict > ctx) {
+      std::fprintf(stderr, "strata chat: the conversation (%zu tokens) no longer fits the context of %d\n",
+                   ids.size(), ctx);
+      return 1;
+    }
+    session.truncate(int64_t(common));
+    cached.resize(common);
+    std::vector<TokenId> history = cached;
+    auto r = generate(session, *tok, sampler, std::span<const TokenId>(ids).subspan(common), history,
+                      o.gen, [](std::string_view text) {
+                        std::fwrite(text.data(), 1, text.size(), stdout);
+                        std::fflush(stdout);
+                      });
+    std::printf("\n");
+    if (!r) return fail(r.error().message);
+    // the cache now holds the prompt and the generated tokens except the last one sampled
+    cached = history;
+    if (int64_t(cached.size()) > session.n_past()) cached.resize(size_t(session.n_past()));
+    messages.push_back({"assistant", r->text});
+    std::fprintf(stderr, "[%d tokens, %.2f tok/s]\n", r->n_generated,
+                 r->n_generated > 1 ? (r->n_generated - 1) / r->decode_seconds : 0.0);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner add_chat_command(CLI::App& app) {
+  CLI::App* sub = app.add_subcommand("chat", "interactive multi-turn chat with the model's chat template");
+  auto o = std::make_shared<ChatCliOptions>();
+  sub->add_option("-m,--model", o->model, "GGUF model (default: the bundled tiny qwen3moe)");
+  sub->add_option("-s,--system", o->system, "system message");
+  sub->add_option("--template", o->template_name, "chat format instead of the GGUF's: qwen3, chatml, deepseek3, raw");
+  sub->add_flag("--raw", o->raw, "no template: turns are concatenated as raw text");
+  sub->add_flag("--no-think", o->no_think, "qwen3: answer without a thinking block");
+  sub->add_option("-n,--n-predict", o->gen.n_predict, "most tokens per reply")->check(CLI::PositiveNumber);
+  sub->add_option("-c,--ctx", o->ctx, "context length")->check(CLI::PositiveNumber);
+  sub->add_option("-t,--threads", o->threads, "CPU threads")->check(CLI::NonNegativeNumber);
+  sub->add_option("--temp", o->sampling.temperature, "temperature (0: greedy)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--top-k", o->sampling.top_k, "top-k (0: off)");
+  sub->add_option("--top-p", o->sampling.top_p, "top-p (1: off)")->check(CLI::Range(0.0f, 1.0f));
+  sub->add_option("--min-p", o->sampling.min_p, "min-p (0: off)")->check(CLI::Range(0.0f, 1.0f));
+  sub->add_option("--repeat-penalty", o->sampling.repeat_penalty, "repetition penalty (1: off)");
+  return [o] { return run_chat(*o); };
+}
+
+}  // namespace strata::cli

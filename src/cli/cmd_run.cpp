@@ -1,0 +1,214 @@
+// strata run: generate text from a prompt. strata bench: prefill and decode speed.
+// Both run the bundled default model when -m is not given.
+#include <omp.h>
+
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <memory>
+#include <random>
+
+#include "cli/commands.h"
+#include "engine/generate.h"
+#include "engine/sampler.h"
+#include "engine/session.h"
+#include "model/model.h"
+#include "model/model_info.h"
+#include "model/tokenizer.h"
+
+namespace strata::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct CommonOptions {
+  std::string model = STRATA_DEFAULT_MODEL;
+  int threads = 0;  // 0: OpenMP's default (all cores)
+  int ctx = 0;      // 0: the model's training context
+};
+
+void add_common(CLI::App* sub, CommonOptions& o) {
+  sub->add_option("-m,--model", o.model, "GGUF model (default: the bundled tiny qwen3moe)");
+  sub->add_option("-t,--threads", o.threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  sub->add_option("-c,--ctx", o.ctx, "context length cap (default: the model's)")->check(CLI::PositiveNumber);
+}
+
+struct Loaded {
+  std::unique_ptr<Model> model;
+  ModelSummary summary;
+};
+
+Result<Loaded> load(const CommonOptions& o, const char* cmd) {
+  if (o.threads > 0) omp_set_num_threads(o.threads);
+  const auto t0 = Clock::now();
+  auto m = Model::load(o.model);
+  if (!m) return m.error();
+  auto s = summarize_model((*m)->file());
+  if (!s) return s.error();
+  std::fprintf(stderr, "%s: loaded %s (%s, %s) in %.2f s, %d threads\n", cmd, o.model.c_str(),
+               s->arch.c_str(), format_bytes(double(s->n_bytes)).c_str(), seconds_since(t0),
+               omp_get_max_threads());
+  return Loaded{std::move(*m), std::move(*s)};
+}
+
+struct RunOptions {
+  CommonOptions common;
+  std::string prompt = "The quick brown fox";
+  GenerateOptions gen{.n_predict = 64};
+  SamplerParams sampling{.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f,
+                         .repeat_penalty = 1.0f, .penalty_last_n = 64, .seed = 0};
+  bool seed_given = false;
+};
+
+// Context of a session: the model's, capped by --ctx; only what this run needs is allocated.
+int64_t context_limit(const Model& m, const CommonOptions& o) {
+  int64_t ctx = m.hparams().n_ctx_train > 0 ? m.hparams().n_ctx_train : 4096;
+  if (o.ctx > 0) ctx = std::min<int64_t>(ctx, o.ctx);
+  return ctx;
+}
+
+int run_generate(RunOptions o) {
+  auto loaded = load(o.common, "strata run");
+  if (!loaded) {
+    std::fprintf(stderr, "strata run: %s\n", loaded.error().message.c_str());
+    return 1;
+  }
+  const Model& m = *loaded->model;
+  auto tok = Tokenizer::from_gguf(m.file());
+  if (!tok) {
+    std::fprintf(stderr, "strata run: %s\n", tok.error().message.c_str());
+    return 1;
+  }
+  std::vector<TokenId> ids = tok->tokenize(o.prompt, /*add_special=*/true, /*parse_special=*/true);
+  if (ids.empty()) {
+    std::fprintf(stderr, "strata run: the prompt is empty\n");
+    return 1;
+  }
+  const int64_t limit = context_limit(m, o.common);
+  if (int64_t(ids.size()) >= limit) {
+    std::fprintf(stderr, "strata run: the prompt has %zu tokens, more than the context of %" PRId64
+                 " leaves room for (raise --ctx, up to the model's %d)\n",
+                 ids.size(), limit, m.hparams().n_ctx_train);
+    return 1;
+  }
+  const int ctx = int(std::min<int64_t>(limit, int64_t(ids.size()) + o.gen.n_predict));
+  if (!o.seed_given) o.sampling.seed = std::random_device{}();
+  Session session(m, ctx);
+  Sampler sampler(o.sampling);
+
+  std::printf("%s", o.prompt.c_str());
+  std::fflush(stdout);
+  std::vector<TokenId> history;
+  auto r = generate(session, *tok, sampler, ids, history, o.gen, [](std::string_view text) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  });
+  std::printf("\n");
+  if (!r) {
+    std::fprintf(stderr, "strata run: %s\n", r.error().message.c_str());
+    return 1;
+  }
+  std::fprintf(stderr,
+               "strata run: prefill %d tokens in %.2f s (%.1f tok/s), time to first token %.2f s; "
+               "decode %d tokens in %.2f s (%.2f tok/s); stopped by %s; seed %" PRIu64 "\n",
+               r->n_prompt, r->prefill_seconds, r->n_prompt / r->prefill_seconds, r->prefill_seconds,
+               r->n_generated, r->decode_seconds,
+               r->n_generated > 1 ? (r->n_generated - 1) / r->decode_seconds : 0.0, r->stop_reason,
+               o.sampling.seed);
+  return 0;
+}
+
+struct BenchOptions {
+  CommonOptions common;
+  int n_prompt = 128;
+  int n_gen = 32;
+  int reps = 1;
+};
+
+int run_bench(const BenchOptions& o) {
+  auto loaded = load(o.common, "strata bench");
+  if (!loaded) {
+    std::fprintf(stderr, "strata bench: %s\n", loaded.error().message.c_str());
+    return 1;
+  }
+  const Model& m = *loaded->model;
+  const int V = m.hparams().n_vocab;
+  std::mt19937 rng(1234);
+  std::vector<int32_t> prompt(size_t(o.n_prompt));
+  for (auto& id : prompt) id = int32_t(rng() % uint32_t(V));
+  std::printf("%-12s %8s %8s %10s %12s\n", "test", "tokens", "seconds", "tok/s", "weights GB/s");
+  for (int rep = 0; rep < o.reps; ++rep) {
+    const int64_t need = o.n_prompt + o.n_gen + 1;
+    if (need > context_limit(m, o.common)) {
+      std::fprintf(stderr, "strata bench: %" PRId64 " tokens exceed the context of %" PRId64 "\n", need,
+                   context_limit(m, o.common));
+      return 1;
+    }
+    Session s(m, int(need));
+    if (o.n_prompt > 0) {
+      const auto t0 = Clock::now();
+      auto l = s.eval(prompt);
+      if (!l) {
+        std::fprintf(stderr, "strata bench: %s\n", l.error().message.c_str());
+        return 1;
+      }
+      const double t = seconds_since(t0);
+      std::printf("%-12s %8d %8.2f %10.2f %12s\n", strfmt("pp%d", o.n_prompt).c_str(), o.n_prompt, t,
+                  o.n_prompt / t, "-");
+    }
+    if (o.n_gen > 0) {
+      int32_t next = prompt.empty() ? 0 : prompt.back();
+      const auto t0 = Clock::now();
+      for (int i = 0; i < o.n_gen; ++i) {
+        auto l = s.eval(std::span<const int32_t>(&next, 1));
+        if (!l) {
+          std::fprintf(stderr, "strata bench: %s\n", l.error().message.c_str());
+          return 1;
+        }
+        next = argmax(*l);
+      }
+      const double t = seconds_since(t0);
+      // what a decode step must read, per second: the weight-bandwidth a decoder achieves
+      const double gbs = double(loaded->summary.active_bytes_per_token) * o.n_gen / t / 1e9;
+      std::printf("%-12s %8d %8.2f %10.2f %12.2f\n", strfmt("tg%d", o.n_gen).c_str(), o.n_gen, t,
+                  o.n_gen / t, gbs);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner add_run_command(CLI::App& app) {
+  CLI::App* sub = app.add_subcommand("run", "generate text from a prompt (CPU, exact float path)");
+  auto o = std::make_shared<RunOptions>();
+  add_common(sub, o->common);
+  sub->add_option("-p,--prompt", o->prompt, "prompt text");
+  sub->add_option("-n,--n-predict", o->gen.n_predict, "tokens to generate")->check(CLI::PositiveNumber);
+  sub->add_option("--temp", o->sampling.temperature, "temperature (0: greedy)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--top-k", o->sampling.top_k, "top-k (0: off)");
+  sub->add_option("--top-p", o->sampling.top_p, "top-p (1: off)")->check(CLI::Range(0.0f, 1.0f));
+  sub->add_option_function<uint64_t>("--seed", [o](uint64_t s) { o->sampling.seed = s; o->seed_given = true; },
+                                     "sampling seed (default: random, printed at the end)");
+  sub->add_option("--min-p", o->sampling.min_p, "min-p (0: off)")->check(CLI::Range(0.0f, 1.0f));
+  sub->add_option("--repeat-penalty", o->sampling.repeat_penalty, "repetition penalty (1: off)")->check(CLI::PositiveNumber);
+  sub->add_option("--repeat-last-n", o->sampling.penalty_last_n, "tokens the penalty looks back (-1: all)");
+  sub->add_option("--stop", o->gen.stop, "stop when the output contains this string (repeatable)");
+  sub->add_flag("--ignore-eos", o->gen.ignore_eos, "keep generating past end-of-generation tokens");
+  return [o] { return run_generate(*o); };
+}
+
+Runner add_bench_command(CLI::App& app) {
+  CLI::App* sub = app.add_subcommand("bench", "prefill and decode speed on random tokens");
+  auto o = std::make_shared<BenchOptions>();
+  add_common(sub, o->common);
+  sub->add_option("-p,--n-prompt", o->n_prompt, "prompt tokens, prefilled in one batch")->check(CLI::NonNegativeNumber);
+  sub->add_option("-n,--n-gen", o->n_gen, "decoded tokens")->check(CLI::NonNegativeNumber);
+  sub->add_option("-r,--reps", o->reps, "repetitions")->check(CLI::PositiveNumber);
+  return [o] { return run_bench(*o); };
+}
+
+}  // namespace strata::cli

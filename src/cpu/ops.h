@@ -1,0 +1,66 @@
+// Ops of the forward pass on the CPU. Activations are float rows; weights are Weight views in any
+// supported format. The matmul has two paths (CpuBackend):
+//  - exact: each weight row dequantized, times float activations (how ../shared/fixtures'
+//    logits-*.exact.f32 were computed); the engine's own oracle;
+//  - quantized (default): activations rounded to the weight type's vec_dot type (Q8_0 / Q8_K /
+//    float, as llama.cpp's CPU path does) and dotted with the format's kernel. Today that kernel is
+//    the scalar reference of quant_ref.h; the AVX2 / AVX-512 kernels of issue #4 slot in here.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "model/weights.h"
+
+namespace strata::cpu {
+
+enum class MatmulPath { exact, quantized };
+
+class CpuBackend {
+ public:
+  explicit CpuBackend(MatmulPath path = MatmulPath::quantized) : path_(path) {}
+  MatmulPath path() const { return path_; }
+
+  // y[t][0..n_out) = W x[t] for t < n_tok. x: [n_tok][w.n_in], y: [n_tok][w.n_out] (no aliasing).
+  // Rows are split over the OpenMP threads.
+  void matmul(const Weight& w, const float* x, int64_t n_tok, float* y) const;
+  // y[t] += W x[t] * scale[t] (scale null means 1): used to accumulate expert outputs.
+  void matmul_add(const Weight& w, const float* x, int64_t n_tok, const float* scale, float* y) const;
+
+ private:
+  MatmulPath path_;
+};
+
+// One row of a token table (embeddings) dequantized into out[0..w.n_in).
+void get_row(const Weight& w, int64_t row, float* out);
+
+// out = x / sqrt(mean(x^2) + eps) * weight (weight may be null: no scale). n elements; may alias.
+void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* out);
+
+// y += x
+void add(float* y, const float* x, int64_t n);
+
+// Softmax of x[0..n) in place.
+void softmax(float* x, int64_t n);
+
+inline float silu(float x) { return x / (1.0f + __builtin_expf(-x)); }
+
+// RoPE. A head of `head_dim` values; the first `n_rot` are rotated (the rest pass through).
+// NEOX pairs (i, i + n_rot/2); NORM pairs (2i, 2i+1). Angle for pair i: pos * base^(-2i/n_rot),
+// with YaRN when yarn.factor > 1 (ggml's rope_yarn; see ../shared/fixtures/README.md).
+enum class RopeKind { norm, neox };
+struct RopeParams {
+  RopeKind kind = RopeKind::neox;
+  int n_rot = 0;
+  float freq_base = 10000.0f;
+  // YaRN (factor 1 = off)
+  float factor = 1.0f;
+  int n_ctx_orig = 0;
+  float beta_fast = 32.0f, beta_slow = 1.0f;
+  float ext_factor = 0.0f;    // 1 when YaRN ramps are on (ggml's ext_factor)
+  float attn_factor = 1.0f;   // cos / sin multiplied by attn_factor * (1 + 0.1 ln factor) if ext
+};
+// Rotates n_head heads of one token at position `pos` in place: x[h * head_dim + i].
+void rope(float* x, int n_head, int head_dim, int64_t pos, const RopeParams& p);
+
+}  // namespace strata::cpu

@@ -1,0 +1,45 @@
+// One sequence being evaluated: the model, its KV cache, and the position reached.
+// Not thread-safe: one caller at a time (the kernels inside use the OpenMP threads).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "base/error.h"
+#include "engine/kv_cache.h"
+#include "model/model.h"
+
+namespace strata {
+
+class Session {
+ public:
+  // path: quantized activations (default, llama.cpp's CPU math) or the exact float reference.
+  Session(const Model& model, int n_ctx, cpu::MatmulPath path = cpu::MatmulPath::quantized);
+
+  // Evaluates `tokens` at positions n_past() .. and appends them to the cache. Returns the logits
+  // of every token ([n][n_vocab]) when all_logits, else those of the last token ([n_vocab]).
+  // Errors: empty input, a token id outside the vocabulary, or the context would overflow.
+  Result<std::vector<float>> eval(std::span<const int32_t> tokens, bool all_logits = false);
+
+  int64_t n_past() const { return n_past_; }
+  int n_ctx() const { return cache_.n_ctx; }
+  void reset() { n_past_ = 0; }
+  // Forgets every position from n on (their cache rows are overwritten by the next eval).
+  void truncate(int64_t n) {
+    STRATA_CHECK(n >= 0 && n <= n_past_);
+    n_past_ = n;
+  }
+  const Model& model() const { return model_; }
+
+ private:
+  const Model& model_;
+  cpu::CpuBackend backend_;
+  KvCache cache_;
+  int64_t n_past_ = 0;
+};
+
+// Index of the largest logit; ties go to the lowest id (as the fixtures' greedy files do).
+int32_t argmax(std::span<const float> logits);
+
+}  // namespace strata

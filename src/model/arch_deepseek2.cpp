@@ -1,0 +1,120 @@
+// deepseek2 (DeepSeek-V2/V3/R1 and V2-Lite): multi-head latent attention, leading dense layers,
+// shared experts, softmax or sigmoid (+ bias, group-limited) routing.
+//
+// MLA, as llama.cpp computes it (../shared/fixtures/README.md): per token, the cache keeps the
+// normalised latent c (kv_lora) and the roped k_pe (qk_rope, shared by all heads). Head h's score
+// against position j is (q_nope_h . W_kb[h]^T c_j + q_pe_h . k_pe_j) * scale, computed by first
+// absorbing W_kb[h] into the query (q_c = W_kb[h] q_nope, kv_lora wide); its output is
+// W_vb[h] (sum_j p_j c_j).
+#include <vector>
+
+#include "model/blocks.h"
+#include "model/forward.h"
+
+namespace strata {
+
+namespace {
+
+// Gathers column block [off, off + w) of rows of stride `stride` into a dense [n][w] buffer.
+void gather(const float* src, int64_t n, int64_t stride, int64_t off, int64_t w, float* dst) {
+  for (int64_t t = 0; t < n; ++t) std::copy_n(src + t * stride + off, w, dst + t * w);
+}
+void scatter(const float* src, int64_t n, int64_t stride, int64_t off, int64_t w, float* dst) {
+  for (int64_t t = 0; t < n; ++t) std::copy_n(src + t * w, w, dst + t * stride + off);
+}
+
+void mla_attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& l, KvCache& cache, int il,
+                   const float* q, int64_t n_tok, int64_t pos0, float* out) {
+  const int64_t H = hp.n_head, NOPE = hp.qk_nope, ROPE = hp.qk_rope, QK = NOPE + ROPE,
+                R = hp.kv_lora_rank, DV = hp.v_head;
+  const int64_t n_kv = pos0 + n_tok;
+  std::vector<float> qn(size_t(n_tok * NOPE)), qc(size_t(n_tok * R)), ctx(size_t(n_tok * R)),
+      o(size_t(n_tok * DV));
+  for (int64_t h = 0; h < H; ++h) {
+    gather(q, n_tok, H * QK, h * QK, NOPE, qn.data());
+    be.matmul(l.wk_b.slice(h), qn.data(), n_tok, qc.data());  // absorbed query, kv_lora wide
+#pragma omp parallel
+    {
+      std::vector<float> score(static_cast<size_t>(n_kv));
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < n_tok; ++t) {
+        const int64_t pos = pos0 + t;
+        const float* qct = &qc[size_t(t * R)];
+        const float* qpe = q + t * H * QK + h * QK + NOPE;
+        for (int64_t j = 0; j <= pos; ++j) {
+          const float* row = cache.k_row(il, j);  // [c (R) | k_pe (ROPE)]
+          float s = 0, s_pe = 0;
+          for (int64_t i = 0; i < R; ++i) s += qct[i] * row[i];
+          for (int64_t i = 0; i < ROPE; ++i) s_pe += qpe[i] * row[R + i];
+          score[size_t(j)] = (s + s_pe) * hp.attn_scale;
+        }
+        cpu::softmax(score.data(), pos + 1);
+        float* c = &ctx[size_t(t * R)];
+        std::fill(c, c + R, 0.0f);
+        for (int64_t j = 0; j <= pos; ++j) {
+          const float* row = cache.k_row(il, j);
+          const float w = score[size_t(j)];
+          for (int64_t i = 0; i < R; ++i) c[i] += w * row[i];
+        }
+      }
+    }
+    be.matmul(l.wv_b.slice(h), ctx.data(), n_tok, o.data());
+    scatter(o.data(), n_tok, H * DV, h * DV, DV, out);
+  }
+}
+
+}  // namespace
+
+void forward_deepseek2(const Model& m, const cpu::CpuBackend& be, KvCache& cache, const int32_t* tokens, int64_t n_tok,
+                       int64_t pos0, bool all_logits, float* logits) {
+  const HParams& hp = m.hparams();
+  const int64_t E = hp.n_embd, H = hp.n_head, QK = hp.qk_nope + hp.qk_rope, R = hp.kv_lora_rank,
+                ROPE = hp.qk_rope;
+  std::vector<float> x(size_t(n_tok * E)), h(size_t(n_tok * E)), y(size_t(n_tok * E));
+  std::vector<float> q(size_t(n_tok * H * QK)), kv(size_t(n_tok * (R + ROPE))),
+      attn(size_t(n_tok * H * hp.v_head)), qa;
+  if (hp.q_lora_rank > 0) qa.resize(size_t(n_tok * hp.q_lora_rank));
+
+  // embeddings
+  for (int64_t t = 0; t < n_tok; ++t) cpu::get_row(m.tok_embd, tokens[t], x.data() + t * E);
+
+  for (int il = 0; il < hp.n_layer; ++il) {
+    const LayerWeights& l = m.layers[size_t(il)];
+
+    // attention (MLA)
+    for (int64_t t = 0; t < n_tok; ++t) cpu::rms_norm(&x[t * E], f32(l.attn_norm), E, hp.eps, &h[t * E]);
+    if (hp.q_lora_rank > 0) {
+      const int64_t Q = hp.q_lora_rank;
+      be.matmul(l.wq_a, h.data(), n_tok, qa.data());
+      for (int64_t t = 0; t < n_tok; ++t) cpu::rms_norm(&qa[t * Q], f32(l.q_a_norm), Q, hp.eps, &qa[t * Q]);
+      be.matmul(l.wq_b, qa.data(), n_tok, q.data());
+    } else {
+      be.matmul(l.wq, h.data(), n_tok, q.data());
+    }
+    be.matmul(l.wkv_a_mqa, h.data(), n_tok, kv.data());
+    for (int64_t t = 0; t < n_tok; ++t) {
+      float* kvt = &kv[t * (R + ROPE)];
+      cpu::rms_norm(kvt, f32(l.kv_a_norm), R, hp.eps, kvt);              // latent c
+      cpu::rope(kvt + R, 1, int(ROPE), pos0 + t, hp.rope);               // k_pe
+      for (int64_t i = 0; i < H; ++i) cpu::rope(&q[(t * H + i) * QK + hp.qk_nope], 1, int(ROPE), pos0 + t, hp.rope);
+      std::copy_n(kvt, R + ROPE, cache.k_row(il, pos0 + t));
+    }
+    mla_attention(be, hp, l, cache, il, q.data(), n_tok, pos0, attn.data());
+    be.matmul(l.wo, attn.data(), n_tok, y.data());
+    cpu::add(x.data(), y.data(), n_tok * E);  // residual
+
+    // feed-forward: dense, or routed experts + shared experts
+    for (int64_t t = 0; t < n_tok; ++t) cpu::rms_norm(&x[t * E], f32(l.ffn_norm), E, hp.eps, &h[t * E]);
+    if (!l.is_moe()) {
+      swiglu_ffn(be, l.ffn_gate, l.ffn_up, l.ffn_down, h.data(), n_tok, nullptr, false, y.data());
+    } else {
+      const Routing routing = route(be, hp, l, h.data(), n_tok);
+      moe_ffn(be, l, routing, h.data(), n_tok, E, y.data());
+      if (l.gate_shexp) swiglu_ffn(be, l.gate_shexp, l.up_shexp, l.down_shexp, h.data(), n_tok, nullptr, true, y.data());
+    }
+    cpu::add(x.data(), y.data(), n_tok * E);  // residual
+  }
+  output_head(m, be, x.data(), n_tok, all_logits, logits);
+}
+
+}  // namespace strata

@@ -1,0 +1,150 @@
+#include "model/blocks.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace strata {
+
+Routing route(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& l, const float* h,
+              int64_t n_tok) {
+  const int n_exp = hp.n_expert, k = hp.n_expert_used;
+  std::vector<float> logits(size_t(n_tok) * size_t(n_exp));
+  be.matmul(l.router, h, n_tok, logits.data());
+
+  Routing r;
+  r.k = k;
+  r.ids.resize(size_t(n_tok) * size_t(k));
+  r.weights.resize(size_t(n_tok) * size_t(k));
+  std::vector<float> prob(n_exp), select(n_exp);
+  std::vector<int> order(n_exp);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    float* z = logits.data() + t * n_exp;
+    // prob: what the chosen experts are weighted by; select: what they are chosen by
+    if (hp.gating == Gating::softmax) {
+      std::copy(z, z + n_exp, prob.begin());
+      cpu::softmax(prob.data(), n_exp);
+    } else {
+      for (int e = 0; e < n_exp; ++e) prob[size_t(e)] = 1.0f / (1.0f + std::exp(-z[e]));
+    }
+    for (int e = 0; e < n_exp; ++e)
+      select[size_t(e)] = prob[size_t(e)] + (l.exp_probs_b ? f32(l.exp_probs_b)[e] : 0.0f);
+
+    if (hp.n_group > 1 && hp.n_group_used < hp.n_group) {
+      // group-limited: keep the n_group_used groups whose top-2 selection scores sum highest
+      const int per = n_exp / hp.n_group;
+      std::vector<std::pair<float, int>> group_score;
+      for (int g = 0; g < hp.n_group; ++g) {
+        std::vector<float> s(select.begin() + g * per, select.begin() + (g + 1) * per);
+        std::partial_sort(s.begin(), s.begin() + std::min(2, per), s.end(), std::greater<>());
+        group_score.push_back({s[0] + (per > 1 ? s[1] : 0.0f), g});
+      }
+      std::stable_sort(group_score.begin(), group_score.end(),
+                       [](auto& a, auto& b) { return a.first > b.first; });
+      for (int gi = hp.n_group_used; gi < hp.n_group; ++gi) {
+        const int g = group_score[size_t(gi)].second;
+        for (int e = g * per; e < (g + 1) * per; ++e) select[size_t(e)] = -INFINITY;
+      }
+    }
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return select[size_t(a)] > select[size_t(b)]; });
+    float sum = 0;
+    for (int j = 0; j < k; ++j) sum += prob[size_t(order[size_t(j)])];
+    for (int j = 0; j < k; ++j) {
+      const int e = order[size_t(j)];
+      float w = prob[size_t(e)];
+      if (hp.norm_topk) w /= sum;
+      r.ids[size_t(t * k + j)] = e;
+      r.weights[size_t(t * k + j)] = w * hp.expert_weights_scale;
+    }
+  }
+  return r;
+}
+
+void swiglu_ffn(const cpu::CpuBackend& be, const Weight& gate, const Weight& up, const Weight& down, const float* h,
+                int64_t n_tok, const float* scale, bool accumulate, float* out) {
+  const int64_t F = gate.n_out;
+  std::vector<float> g(size_t(n_tok * F)), u(size_t(n_tok * F));
+  be.matmul(gate, h, n_tok, g.data());
+  be.matmul(up, h, n_tok, u.data());
+  for (size_t i = 0; i < g.size(); ++i) g[i] = cpu::silu(g[i]) * u[i];
+  if (accumulate) {
+    be.matmul_add(down, g.data(), n_tok, scale, out);
+  } else {
+    be.matmul(down, g.data(), n_tok, out);
+    if (scale) {
+      const int64_t E = down.n_out;
+      for (int64_t t = 0; t < n_tok; ++t)
+        for (int64_t i = 0; i < E; ++i) out[t * E + i] *= scale[t];
+    }
+  }
+}
+
+void moe_ffn(const cpu::CpuBackend& be, const LayerWeights& l, const Routing& r, const float* h, int64_t n_tok, int64_t n_embd,
+             float* out) {
+  std::fill(out, out + n_tok * n_embd, 0.0f);
+  const int64_t n_exp = l.gate_exps.n_mat;
+  // tokens of each expert, in token order
+  std::vector<std::vector<int64_t>> tokens(static_cast<size_t>(n_exp));
+  std::vector<std::vector<float>> weights(static_cast<size_t>(n_exp));
+  for (int64_t t = 0; t < n_tok; ++t) {
+    for (int j = 0; j < r.k; ++j) {
+      const int e = r.ids[size_t(t * r.k + j)];
+      tokens[size_t(e)].push_back(t);
+      weights[size_t(e)].push_back(r.weights[size_t(t * r.k + j)]);
+    }
+  }
+  std::vector<float> x, y;
+  for (int64_t e = 0; e < n_exp; ++e) {
+    const auto& toks = tokens[size_t(e)];
+    if (toks.empty()) continue;
+    const int64_t n = int64_t(toks.size());
+    x.resize(size_t(n * n_embd));
+    y.resize(size_t(n * n_embd));
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(h + toks[size_t(i)] * n_embd, n_embd, x.begin() + i * n_embd);
+    swiglu_ffn(be, l.gate_exps.slice(e), l.up_exps.slice(e), l.down_exps.slice(e), x.data(), n,
+               weights[size_t(e)].data(), false, y.data());
+    for (int64_t i = 0; i < n; ++i) cpu::add(out + toks[size_t(i)] * n_embd, y.data() + i * n_embd, n_embd);
+  }
+}
+
+void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const float* q,
+                   int64_t n_tok, int64_t pos0, float* out) {
+  const int group = p.n_head / p.n_head_kv;
+  const int64_t n_kv = pos0 + n_tok;
+#pragma omp parallel
+  {
+    std::vector<float> score(static_cast<size_t>(n_kv));
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t t = 0; t < n_tok; ++t) {
+      for (int h = 0; h < p.n_head; ++h) {
+        const int64_t pos = pos0 + t;
+        const int hk = h / group;
+        const float* qh = q + (t * p.n_head + h) * p.head_dim_k;
+        for (int64_t j = 0; j <= pos; ++j) {
+          const float* kj = cache.k_row(layer, j) + hk * p.head_dim_k;
+          float s = 0;
+          for (int d = 0; d < p.head_dim_k; ++d) s += qh[d] * kj[d];
+          score[size_t(j)] = s * p.scale;
+        }
+        cpu::softmax(score.data(), pos + 1);
+        float* o = out + (t * p.n_head + h) * p.head_dim_v;
+        std::fill(o, o + p.head_dim_v, 0.0f);
+        for (int64_t j = 0; j <= pos; ++j) {
+          const float* vj = cache.v_row(layer, j) + hk * p.head_dim_v;
+          const float w = score[size_t(j)];
+          for (int d = 0; d < p.head_dim_v; ++d) o[d] += w * vj[d];
+        }
+      }
+    }
+  }
+}
+
+void add_bias(float* x, const Weight& b, int64_t n_tok, int64_t n) {
+  if (!b) return;
+  for (int64_t t = 0; t < n_tok; ++t) cpu::add(x + t * n, f32(b), n);
+}
+
+}  // namespace strata

@@ -1,0 +1,326 @@
+#include "model/model.h"
+
+#include <cinttypes>
+#include <cmath>
+
+#include "cpu/quant_traits.h"
+
+namespace strata {
+namespace {
+
+// Reads hyperparameters with errors that name the key.
+class KeyReader {
+ public:
+  KeyReader(const GgufFile& f, std::string prefix) : f_(f), prefix_(std::move(prefix)) {}
+
+  Status u(const char* key, int& out, bool required = true) {
+    auto v = f_.get_uint(prefix_ + key);
+    if (!v) return v.error();
+    if (!v->has_value()) {
+      if (required) return missing(key);
+      return Status::success();
+    }
+    if (**v > uint64_t(INT32_MAX)) {
+      return Error{strfmt("%s: metadata key '%s%s' is %" PRIu64 ", too large", f_.name().c_str(),
+                          prefix_.c_str(), key, **v)};
+    }
+    out = int(**v);
+    return Status::success();
+  }
+  Status f(const char* key, float& out, bool required = true) {
+    auto v = f_.get_float(prefix_ + key);
+    if (!v) return v.error();
+    if (!v->has_value()) return required ? Status(missing(key)) : Status::success();
+    out = float(**v);
+    return Status::success();
+  }
+  Status b(const char* key, bool& out) {
+    auto v = f_.get_bool(prefix_ + key);
+    if (!v) return v.error();
+    if (v->has_value()) out = **v;
+    return Status::success();
+  }
+
+ private:
+  Error missing(const char* key) const {
+    return Error{strfmt("%s: required metadata key '%s%s' is missing", f_.name().c_str(),
+                        prefix_.c_str(), key)};
+  }
+  const GgufFile& f_;
+  std::string prefix_;
+};
+
+// Looks up tensors and checks shape and type; errors name the tensor.
+class TensorGetter {
+ public:
+  explicit TensorGetter(const GgufFile& f) : f_(f) {}
+
+  // `ne` is the expected shape (row dimension first). Missing optional tensors give an empty Weight.
+  Result<Weight> get(const std::string& name, std::vector<int64_t> ne, bool required = true) {
+    const GgufTensorInfo* t = f_.find_tensor(name);
+    if (!t) {
+      if (!required) return Weight{};
+      return Error{strfmt("%s: tensor '%s' is missing", f_.name().c_str(), name.c_str())};
+    }
+    bool same = int(ne.size()) == t->n_dims;
+    for (size_t d = 0; same && d < ne.size(); ++d) same = uint64_t(ne[d]) == t->ne[d];
+    if (!same) {
+      std::string want = "[";
+      for (size_t d = 0; d < ne.size(); ++d) want += strfmt(d ? ", %" PRId64 : "%" PRId64, ne[d]);
+      want += "]";
+      return Error{strfmt("%s: tensor '%s' has shape %s, expected %s", f_.name().c_str(), name.c_str(),
+                          t->shape_string().c_str(), want.c_str())};
+    }
+    STRATA_TRY(check_weight_type(t->type, name));
+    Weight w;
+    w.data = f_.tensor_data(*t).data();
+    w.type = t->type;
+    w.n_in = int64_t(t->ne[0]);
+    w.n_out = t->n_dims >= 2 ? int64_t(t->ne[1]) : 1;
+    w.n_mat = t->n_dims >= 3 ? int64_t(t->ne[2]) : 1;
+    w.row_bytes = t->row_bytes();
+    return w;
+  }
+  // A vector that must be F32 (norms, biases, routers).
+  Result<Weight> get_f32(const std::string& name, std::vector<int64_t> ne, bool required = true) {
+    auto w = get(name, std::move(ne), required);
+    if (w.ok() && *w && w->type != GgmlType::f32) {
+      return Error{strfmt("%s: tensor '%s' has type %s, expected f32", f_.name().c_str(),
+                          name.c_str(), ggml_type_name(w->type).data())};
+    }
+    return w;
+  }
+
+ private:
+  const GgufFile& f_;
+};
+
+#define ASSIGN_OR_RETURN(lhs, expr) \
+  do {                              \
+    auto r_ = (expr);               \
+    if (!r_.ok()) return r_.error(); \
+    lhs = std::move(*r_);           \
+  } while (0)
+
+Result<HParams> read_hparams(const GgufFile& f) {
+  HParams hp;
+  auto arch = f.require_string("general.architecture");
+  if (!arch) return arch.error();
+  hp.arch_name = *arch;
+  if (*arch == "qwen3moe") hp.arch = Arch::qwen3moe;
+  else if (*arch == "qwen2moe") hp.arch = Arch::qwen2moe;
+  else if (*arch == "llama") hp.arch = Arch::llama;
+  else if (*arch == "deepseek2") hp.arch = Arch::deepseek2;
+  else
+    return Error{strfmt("%s: architecture '%s' is not supported (strata runs qwen3moe, qwen2moe, "
+                        "llama (Mixtral) and deepseek2)", f.name().c_str(), arch->c_str())};
+
+  KeyReader k(f, *arch + ".");
+  STRATA_TRY(k.u("block_count", hp.n_layer));
+  STRATA_TRY(k.u("embedding_length", hp.n_embd));
+  STRATA_TRY(k.u("context_length", hp.n_ctx_train));
+  STRATA_TRY(k.u("attention.head_count", hp.n_head));
+  hp.n_head_kv = hp.n_head;
+  STRATA_TRY(k.u("attention.head_count_kv", hp.n_head_kv, false));
+  STRATA_TRY(k.f("attention.layer_norm_rms_epsilon", hp.eps));
+  hp.head_dim_k = hp.n_head ? hp.n_embd / hp.n_head : 0;
+  STRATA_TRY(k.u("attention.key_length", hp.head_dim_k, false));
+  hp.head_dim_v = hp.head_dim_k;
+  STRATA_TRY(k.u("attention.value_length", hp.head_dim_v, false));
+  STRATA_TRY(k.u("feed_forward_length", hp.n_ff, false));
+  STRATA_TRY(k.u("expert_count", hp.n_expert, false));
+  STRATA_TRY(k.u("expert_used_count", hp.n_expert_used, false));
+  STRATA_TRY(k.u("expert_feed_forward_length", hp.n_ff_exp, false));
+
+  hp.rope.freq_base = 10000.0f;
+  STRATA_TRY(k.f("rope.freq_base", hp.rope.freq_base, false));
+  hp.rope.n_rot = hp.head_dim_k;
+  STRATA_TRY(k.u("rope.dimension_count", hp.rope.n_rot, false));
+  hp.rope.kind = hp.arch == Arch::llama || hp.arch == Arch::deepseek2 ? cpu::RopeKind::norm
+                                                                      : cpu::RopeKind::neox;
+  auto scaling = f.get_string(*arch + ".rope.scaling.type");
+  if (!scaling) return scaling.error();
+  if (scaling->has_value() && **scaling == "yarn") {
+    STRATA_TRY(k.f("rope.scaling.factor", hp.rope.factor));
+    STRATA_TRY(k.u("rope.scaling.original_context_length", hp.rope.n_ctx_orig));
+    STRATA_TRY(k.f("rope.scaling.yarn_beta_fast", hp.rope.beta_fast, false));
+    STRATA_TRY(k.f("rope.scaling.yarn_beta_slow", hp.rope.beta_slow, false));
+    hp.rope.ext_factor = 1.0f;
+  } else if (scaling->has_value() && **scaling != "none") {
+    return Error{strfmt("%s: rope scaling '%s' is not supported", f.name().c_str(), (*scaling)->c_str())};
+  }
+
+  switch (hp.arch) {
+    case Arch::qwen3moe:
+      hp.norm_topk = true;  // llama.cpp: qwen3moe renormalises the top-k weights
+      break;
+    case Arch::qwen2moe:
+      STRATA_TRY(k.u("expert_shared_feed_forward_length", hp.n_ff_shexp));
+      break;
+    case Arch::llama:
+      hp.norm_topk = true;  // Mixtral: softmax over the chosen experts == renormalised top-k
+      if (hp.n_ff_exp == 0) hp.n_ff_exp = hp.n_ff;  // Mixtral's experts use feed_forward_length
+      break;
+    case Arch::deepseek2: {
+      int gating = 1;
+      STRATA_TRY(k.u("leading_dense_block_count", hp.n_layer_dense_lead));
+      STRATA_TRY(k.u("expert_gating_func", gating, false));
+      if (gating != 1 && gating != 2)
+        return Error{strfmt("%s: %s.expert_gating_func %d is not known (1 softmax, 2 sigmoid)",
+                            f.name().c_str(), arch->c_str(), gating)};
+      hp.gating = gating == 2 ? Gating::sigmoid : Gating::softmax;
+      STRATA_TRY(k.b("expert_weights_norm", hp.norm_topk));
+      STRATA_TRY(k.f("expert_weights_scale", hp.expert_weights_scale, false));
+      STRATA_TRY(k.u("expert_group_count", hp.n_group, false));
+      STRATA_TRY(k.u("expert_group_used_count", hp.n_group_used, false));
+      int n_shared = 0;
+      STRATA_TRY(k.u("expert_shared_count", n_shared));
+      hp.n_ff_shexp = n_shared * hp.n_ff_exp;
+      STRATA_TRY(k.u("attention.q_lora_rank", hp.q_lora_rank, false));
+      STRATA_TRY(k.u("attention.kv_lora_rank", hp.kv_lora_rank));
+      hp.qk_rope = hp.rope.n_rot;
+      int k_mla = 0, v_mla = 0;
+      STRATA_TRY(k.u("attention.key_length_mla", k_mla, false));
+      STRATA_TRY(k.u("attention.value_length_mla", v_mla, false));
+      if (k_mla == 0) k_mla = hp.head_dim_k;  // older files: key_length is the MLA width
+      if (v_mla == 0) v_mla = hp.head_dim_v;
+      hp.qk_nope = k_mla - hp.qk_rope;
+      hp.v_head = v_mla;
+      // softmax scale: YaRN's mscale enters squared (fixtures README, deepseek2); the rope
+      // magnitude itself is kept at 1.
+      // (yarn_log_multiplier is 0.1 * mscale_all_dim)
+      float yarn_log_mul = 0.0f;
+      STRATA_TRY(k.f("rope.scaling.yarn_log_multiplier", yarn_log_mul, false));
+      const float mscale = hp.rope.factor > 1 ? 1.0f + yarn_log_mul * std::log(hp.rope.factor) : 1.0f;
+      hp.attn_scale = mscale * mscale / std::sqrt(float(k_mla));
+      if (hp.rope.ext_factor != 0) hp.rope.attn_factor = 1.0f / (1.0f + 0.1f * std::log(hp.rope.factor));
+      break;
+    }
+  }
+  if (hp.attn_scale == 0) hp.attn_scale = 1.0f / std::sqrt(float(hp.head_dim_k));
+
+  if (hp.n_layer <= 0 || hp.n_embd <= 0 || hp.n_head <= 0 || hp.n_head_kv <= 0 ||
+      hp.n_head % hp.n_head_kv != 0) {
+    return Error{strfmt("%s: inconsistent attention hyperparameters (layers %d, n_embd %d, heads %d, "
+                        "kv heads %d)", f.name().c_str(), hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv)};
+  }
+  if (hp.n_expert > 0 && (hp.n_expert_used <= 0 || hp.n_expert_used > hp.n_expert)) {
+    return Error{strfmt("%s: expert_used_count %d is not in 1..expert_count (%d)", f.name().c_str(),
+                        hp.n_expert_used, hp.n_expert)};
+  }
+  if (hp.rope.n_rot <= 0 || hp.rope.n_rot % 2 != 0 || hp.rope.n_rot > hp.head_dim_k) {
+    return Error{strfmt("%s: rope dimension %d is not an even number up to the head size %d",
+                        f.name().c_str(), hp.rope.n_rot, hp.head_dim_k)};
+  }
+  if (hp.n_group > 0 && (hp.n_expert % hp.n_group != 0 || hp.n_group_used <= 0 ||
+                         hp.n_group_used > hp.n_group)) {
+    return Error{strfmt("%s: expert groups %d (used %d) do not divide %d experts", f.name().c_str(),
+                        hp.n_group, hp.n_group_used, hp.n_expert)};
+  }
+
+  auto read_id = [&](const char* key, int& out) -> Status {
+    auto v = f.get_uint(key);
+    if (!v) return v.error();
+    if (v->has_value()) out = int(**v);
+    return Status::success();
+  };
+  STRATA_TRY(read_id("tokenizer.ggml.bos_token_id", hp.token_bos));
+  STRATA_TRY(read_id("tokenizer.ggml.eos_token_id", hp.token_eos));
+  return hp;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> Model::load(const std::string& path) {
+  auto f = GgufFile::open(path);
+  if (!f) return f.error();
+  return load(std::move(*f));
+}
+
+Result<std::unique_ptr<Model>> Model::load(GgufFile file) {
+  auto m = std::make_unique<Model>();
+  m->file_ = std::move(file);
+  const GgufFile& f = m->file_;
+  auto hp_r = read_hparams(f);
+  if (!hp_r) return hp_r.error();
+  HParams& hp = m->hp_;
+  hp = std::move(*hp_r);
+
+  TensorGetter g(f);
+  const int64_t E = hp.n_embd;
+  const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
+  if (!embd || embd->n_dims != 2)
+    return Error{strfmt("%s: tensor 'token_embd.weight' is missing or not 2D", f.name().c_str())};
+  hp.n_vocab = int(embd->ne[1]);
+  const int64_t V = hp.n_vocab;
+  ASSIGN_OR_RETURN(m->tok_embd, g.get("token_embd.weight", {E, V}));
+  ASSIGN_OR_RETURN(m->output_norm, g.get_f32("output_norm.weight", {E}));
+  ASSIGN_OR_RETURN(m->output, g.get("output.weight", {E, V}, false));
+  if (!m->output) m->output = m->tok_embd;  // tied embeddings
+
+  const int64_t H = hp.n_head, HKV = hp.n_head_kv, DK = hp.head_dim_k, DV = hp.head_dim_v;
+  const int64_t X = hp.n_expert;
+  m->layers.resize(size_t(hp.n_layer));
+  for (int il = 0; il < hp.n_layer; ++il) {
+    LayerWeights& l = m->layers[size_t(il)];
+    auto n = [&](const char* s) { return strfmt("blk.%d.%s", il, s); };
+    ASSIGN_OR_RETURN(l.attn_norm, g.get_f32(n("attn_norm.weight"), {E}));
+    ASSIGN_OR_RETURN(l.ffn_norm, g.get_f32(n("ffn_norm.weight"), {E}));
+
+    if (hp.arch == Arch::deepseek2) {
+      const int64_t QK = hp.qk_nope + hp.qk_rope, R = hp.kv_lora_rank;
+      if (hp.q_lora_rank > 0) {
+        const int64_t Q = hp.q_lora_rank;
+        ASSIGN_OR_RETURN(l.wq_a, g.get(n("attn_q_a.weight"), {E, Q}));
+        ASSIGN_OR_RETURN(l.q_a_norm, g.get_f32(n("attn_q_a_norm.weight"), {Q}));
+        ASSIGN_OR_RETURN(l.wq_b, g.get(n("attn_q_b.weight"), {Q, H * QK}));
+      } else {
+        ASSIGN_OR_RETURN(l.wq, g.get(n("attn_q.weight"), {E, H * QK}));
+      }
+      ASSIGN_OR_RETURN(l.wkv_a_mqa, g.get(n("attn_kv_a_mqa.weight"), {E, R + hp.qk_rope}));
+      ASSIGN_OR_RETURN(l.kv_a_norm, g.get_f32(n("attn_kv_a_norm.weight"), {R}));
+      ASSIGN_OR_RETURN(l.wk_b, g.get(n("attn_k_b.weight"), {hp.qk_nope, R, H}));
+      ASSIGN_OR_RETURN(l.wv_b, g.get(n("attn_v_b.weight"), {R, hp.v_head, H}));
+      ASSIGN_OR_RETURN(l.wo, g.get(n("attn_output.weight"), {H * hp.v_head, E}));
+    } else {
+      ASSIGN_OR_RETURN(l.wq, g.get(n("attn_q.weight"), {E, H * DK}));
+      ASSIGN_OR_RETURN(l.wk, g.get(n("attn_k.weight"), {E, HKV * DK}));
+      ASSIGN_OR_RETURN(l.wv, g.get(n("attn_v.weight"), {E, HKV * DV}));
+      ASSIGN_OR_RETURN(l.wo, g.get(n("attn_output.weight"), {H * DV, E}));
+      ASSIGN_OR_RETURN(l.bq, g.get_f32(n("attn_q.bias"), {H * DK}, false));
+      ASSIGN_OR_RETURN(l.bk, g.get_f32(n("attn_k.bias"), {HKV * DK}, false));
+      ASSIGN_OR_RETURN(l.bv, g.get_f32(n("attn_v.bias"), {HKV * DV}, false));
+      ASSIGN_OR_RETURN(l.bo, g.get_f32(n("attn_output.bias"), {E}, false));
+      const bool qk_norm = hp.arch == Arch::qwen3moe;
+      ASSIGN_OR_RETURN(l.q_norm, g.get_f32(n("attn_q_norm.weight"), {DK}, qk_norm));
+      ASSIGN_OR_RETURN(l.k_norm, g.get_f32(n("attn_k_norm.weight"), {DK}, qk_norm));
+    }
+
+    const bool dense = X == 0 || il < hp.n_layer_dense_lead;
+    if (dense) {
+      const int64_t F = hp.n_ff;
+      ASSIGN_OR_RETURN(l.ffn_gate, g.get(n("ffn_gate.weight"), {E, F}));
+      ASSIGN_OR_RETURN(l.ffn_up, g.get(n("ffn_up.weight"), {E, F}));
+      ASSIGN_OR_RETURN(l.ffn_down, g.get(n("ffn_down.weight"), {F, E}));
+      continue;
+    }
+    const int64_t FE = hp.n_ff_exp;
+    ASSIGN_OR_RETURN(l.router, g.get_f32(n("ffn_gate_inp.weight"), {E, X}));
+    ASSIGN_OR_RETURN(l.gate_exps, g.get(n("ffn_gate_exps.weight"), {E, FE, X}));
+    ASSIGN_OR_RETURN(l.up_exps, g.get(n("ffn_up_exps.weight"), {E, FE, X}));
+    ASSIGN_OR_RETURN(l.down_exps, g.get(n("ffn_down_exps.weight"), {FE, E, X}));
+    if (hp.arch == Arch::deepseek2) {
+      ASSIGN_OR_RETURN(l.exp_probs_b, g.get_f32(n("exp_probs_b.bias"), {X}, hp.gating == Gating::sigmoid));
+    }
+    if (hp.n_ff_shexp > 0) {
+      const int64_t FS = hp.n_ff_shexp;
+      ASSIGN_OR_RETURN(l.gate_shexp, g.get(n("ffn_gate_shexp.weight"), {E, FS}));
+      ASSIGN_OR_RETURN(l.up_shexp, g.get(n("ffn_up_shexp.weight"), {E, FS}));
+      ASSIGN_OR_RETURN(l.down_shexp, g.get(n("ffn_down_shexp.weight"), {FS, E}));
+      ASSIGN_OR_RETURN(l.gate_inp_shexp, g.get_f32(n("ffn_gate_inp_shexp.weight"), {E}, false));
+    }
+  }
+  return m;
+}
+
+}  // namespace strata

@@ -1,0 +1,96 @@
+// A loaded model: hyperparameters from the GGUF metadata and views of its weights (no copies; the
+// file stays mapped). Loading validates every tensor the architecture needs: present, the expected
+// shape, a type strata can compute with. One forward pass per architecture (arch_*.cpp) runs on it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "cpu/ops.h"
+#include "model/gguf.h"
+#include "model/weights.h"
+
+namespace strata {
+
+enum class Arch { qwen3moe, qwen2moe, llama, deepseek2 };
+
+enum class Gating { softmax, sigmoid };
+
+struct HParams {
+  Arch arch = Arch::qwen3moe;
+  std::string arch_name;
+  int n_layer = 0;
+  int n_embd = 0;
+  int n_vocab = 0;
+  int n_ctx_train = 0;
+  int n_head = 0;
+  int n_head_kv = 0;
+  int head_dim_k = 0;  // per-head width of q and k
+  int head_dim_v = 0;  // per-head width of v
+  float eps = 1e-6f;
+  cpu::RopeParams rope;
+
+  // mixture of experts
+  int n_expert = 0;
+  int n_expert_used = 0;
+  int n_ff = 0;        // dense FFN width (dense layers)
+  int n_ff_exp = 0;    // routed expert width
+  int n_ff_shexp = 0;  // shared expert width (all shared experts together)
+  int n_layer_dense_lead = 0;  // deepseek2: leading dense layers
+  Gating gating = Gating::softmax;
+  bool norm_topk = false;       // renormalise the chosen experts' weights to sum 1
+  float expert_weights_scale = 1.0f;
+  int n_group = 0, n_group_used = 0;  // deepseek2 group-limited routing (0: off)
+
+  // deepseek2 MLA
+  int q_lora_rank = 0;   // 0: no q LoRA (attn_q directly)
+  int kv_lora_rank = 0;
+  int qk_nope = 0, qk_rope = 0, v_head = 0;
+  float attn_scale = 0;  // softmax scale of q.k
+
+  int token_bos = -1, token_eos = -1;
+};
+
+struct LayerWeights {
+  Weight attn_norm, ffn_norm;  // F32 [n_embd]
+  // GQA attention
+  Weight wq, wk, wv, wo;          // [n_embd] -> [n_head * hd], ...
+  Weight bq, bk, bv, bo;          // biases (qwen2moe), F32
+  Weight q_norm, k_norm;          // per-head RMSNorm (qwen3moe), F32 [head_dim]
+  // MLA attention (deepseek2)
+  Weight wq_a, q_a_norm, wq_b;    // q LoRA: [n_embd] -> q_lora -> [n_head * (nope + rope)]
+  Weight wkv_a_mqa, kv_a_norm;    // [n_embd] -> [kv_lora + rope]
+  Weight wk_b;                    // [n_head] x ([qk_nope] <- [kv_lora])... see arch_deepseek2.cpp
+  Weight wv_b;
+  // feed-forward
+  Weight ffn_gate, ffn_up, ffn_down;                  // dense layers
+  Weight router;                                      // ffn_gate_inp: [n_embd] -> [n_expert], F32
+  Weight exp_probs_b;                                 // selection bias (deepseek2), F32 [n_expert]
+  Weight gate_exps, up_exps, down_exps;               // stacked [n_expert]
+  Weight gate_shexp, up_shexp, down_shexp, gate_inp_shexp;  // shared expert (+ its sigmoid gate)
+  bool is_moe() const { return bool(gate_exps); }
+};
+
+class Model {
+ public:
+  static Result<std::unique_ptr<Model>> load(const std::string& path);
+  static Result<std::unique_ptr<Model>> load(GgufFile file);
+
+  const HParams& hparams() const { return hp_; }
+  const GgufFile& file() const { return file_; }
+
+  Weight tok_embd, output_norm, output;
+  std::vector<LayerWeights> layers;
+
+ private:
+  GgufFile file_;
+  HParams hp_;
+};
+
+// The vector of an F32 weight (norms, biases).
+inline const float* f32(const Weight& w) { return reinterpret_cast<const float*>(w.data); }
+
+}  // namespace strata

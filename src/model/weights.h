@@ -1,0 +1,34 @@
+// A weight matrix as it lies in the model file: a view, no copy. Rows are contiguous blocks of the
+// file's type; stacked matrices (routed experts) follow each other.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "model/ggml_type.h"
+
+namespace strata {
+
+struct Weight {
+  const uint8_t* data = nullptr;  // [n_mat][n_out][row_bytes], row-major, in the file's format
+  GgmlType type = GgmlType::f32;
+  int64_t n_in = 0;   // ne[0]: elements per row (the input dimension of y = W x)
+  int64_t n_out = 0;  // ne[1]: rows (the output dimension); 1 for a vector
+  int64_t n_mat = 1;  // ne[2]: stacked matrices (experts), 1 otherwise
+  size_t row_bytes = 0;
+
+  explicit operator bool() const { return data != nullptr; }
+  size_t mat_bytes() const { return row_bytes * size_t(n_out); }
+  const uint8_t* row(int64_t r, int64_t mat = 0) const {
+    return data + size_t(mat) * mat_bytes() + size_t(r) * row_bytes;
+  }
+  // Matrix `e` of a stack as a plain 2D weight.
+  Weight slice(int64_t e) const {
+    Weight w = *this;
+    w.data = data + size_t(e) * mat_bytes();
+    w.n_mat = 1;
+    return w;
+  }
+};
+
+}  // namespace strata

@@ -1,0 +1,188 @@
+// Whole models against llama.cpp: the float reference path (dequantized weights times float
+// activations, F32 KV cache) must match logits-<Q>.exact.f32 within 1e-3 at every logit, in one
+// batch and one token at a time, and reproduce greedy-<Q>.exact.json (fixtures README, tolerance 1).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "engine/session.h"
+#include "model/model.h"
+#include "test_support.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr float kExactTolerance = 1e-3f;  // fixtures README: float path vs .exact logits
+
+std::vector<float> read_f32(const fs::path& p) {
+  auto bytes = test::read_file(p);
+  std::vector<float> v(bytes.size() / 4);
+  std::memcpy(v.data(), bytes.data(), v.size() * 4);
+  return v;
+}
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  return nlohmann::json::parse(in);
+}
+
+struct Case {
+  fs::path dir;
+  std::string quant;
+};
+
+void check_model(const Case& c) {
+  SCOPED_TRACE(c.dir.string() + " " + c.quant);
+  auto model = Model::load((c.dir / ("model-" + c.quant + ".gguf")).string());
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  const Model& m = **model;
+  const int V = m.hparams().n_vocab;
+  auto ids = read_json(c.dir / "tokens.json")["ids"].get<std::vector<int32_t>>();
+  auto ref = read_f32(c.dir / ("logits-" + c.quant + ".exact.f32"));
+  ASSERT_EQ(ref.size(), ids.size() * size_t(V));
+
+  // one batch
+  Session batch(m, 256, cpu::MatmulPath::exact);
+  auto logits = batch.eval(ids, true);
+  ASSERT_TRUE(logits.ok()) << logits.error().message;
+  float max_diff = 0;
+  int top1_mismatch = 0;
+  for (size_t t = 0; t < ids.size(); ++t) {
+    std::span<const float> got(logits->data() + t * V, size_t(V)), want(ref.data() + t * V, size_t(V));
+    for (int i = 0; i < V; ++i) max_diff = std::max(max_diff, std::abs(got[size_t(i)] - want[size_t(i)]));
+    top1_mismatch += argmax(got) != argmax(want);
+  }
+  EXPECT_LT(max_diff, kExactTolerance) << "batch";
+  EXPECT_EQ(top1_mismatch, 0) << "batch";
+
+  // one token at a time
+  Session seq(m, 256, cpu::MatmulPath::exact);
+  float max_seq = 0;
+  for (size_t t = 0; t < ids.size(); ++t) {
+    auto l = seq.eval(std::span<const int32_t>(&ids[t], 1));
+    ASSERT_TRUE(l.ok()) << l.error().message;
+    for (int i = 0; i < V; ++i) max_seq = std::max(max_seq, std::abs((*l)[size_t(i)] - ref[t * V + size_t(i)]));
+  }
+  EXPECT_LT(max_seq, kExactTolerance) << "sequential";
+
+  // greedy: prompt in one batch, then one token at a time
+  auto greedy = read_json(c.dir / ("greedy-" + c.quant + ".exact.json"));
+  auto prompt = greedy["prompt"].get<std::vector<int32_t>>();
+  auto want = greedy["generated"].get<std::vector<int32_t>>();
+  auto margins = greedy["margins"].get<std::vector<float>>();
+  Session gen(m, 256, cpu::MatmulPath::exact);
+  auto l = gen.eval(prompt);
+  ASSERT_TRUE(l.ok());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const int32_t tok = argmax(*l);
+    if (tok != want[i]) {
+      EXPECT_LT(margins[i], 1e-3f) << "greedy diverged at step " << i << " (margin " << margins[i] << ")";
+      break;
+    }
+    l = gen.eval(std::span<const int32_t>(&tok, 1));
+    ASSERT_TRUE(l.ok());
+  }
+  std::printf("  %s %s: max |diff| batch %.2e, sequential %.2e\n", c.dir.filename().c_str(),
+              c.quant.c_str(), max_diff, max_seq);
+}
+
+// Statistics of logits `got` against `ref` ([n_pos][V]) as the fixtures README defines them.
+struct LogitStats {
+  double median_rms_rel = 0, frac_cos_099 = 0, top1 = 0, top1_clear = 0;
+};
+LogitStats compare(const std::vector<float>& got, const std::vector<float>& ref, int V) {
+  const size_t n = ref.size() / size_t(V);
+  std::vector<double> rms_rel;
+  int cos_ok = 0, top1 = 0, clear = 0, top1_clear = 0;
+  for (size_t t = 0; t < n; ++t) {
+    const float* g = got.data() + t * V;
+    const float* r = ref.data() + t * V;
+    double dd = 0, rr = 0, gg = 0, gr = 0, mean = 0;
+    for (int i = 0; i < V; ++i) {
+      dd += double(g[i] - r[i]) * (g[i] - r[i]);
+      rr += double(r[i]) * r[i];
+      gg += double(g[i]) * g[i];
+      gr += double(g[i]) * r[i];
+      mean += r[i];
+    }
+    rms_rel.push_back(std::sqrt(dd / rr));
+    cos_ok += gr / std::sqrt(gg * rr) >= 0.99;
+    const int32_t ta = argmax({g, size_t(V)}), tb = argmax({r, size_t(V)});
+    top1 += ta == tb;
+    // the reference's lead of top-1 over top-2, against 0.1 of the row's std
+    mean /= V;
+    double var = 0;
+    float second = -INFINITY;
+    for (int i = 0; i < V; ++i) {
+      var += (r[i] - mean) * (r[i] - mean);
+      if (i != tb) second = std::max(second, r[i]);
+    }
+    if (r[tb] - second > 0.1 * std::sqrt(var / V)) {
+      ++clear;
+      top1_clear += ta == tb;
+    }
+  }
+  std::sort(rms_rel.begin(), rms_rel.end());
+  LogitStats st;
+  st.median_rms_rel = rms_rel[n / 2];
+  st.frac_cos_099 = double(cos_ok) / double(n);
+  st.top1 = double(top1) / double(n);
+  st.top1_clear = clear ? double(top1_clear) / clear : 1.0;
+  return st;
+}
+
+// The default path (quantized activations) against exact float and against llama.cpp's own
+// quantized logits, within the fixtures README's statistical bounds (routing flips are legitimate).
+void check_quantized(const Case& c) {
+  SCOPED_TRACE(c.dir.string() + " " + c.quant + " quantized path");
+  auto model = Model::load((c.dir / ("model-" + c.quant + ".gguf")).string());
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  const int V = (*model)->hparams().n_vocab;
+  auto ids = read_json(c.dir / "tokens.json")["ids"].get<std::vector<int32_t>>();
+  Session s(**model, 256, cpu::MatmulPath::quantized);
+  auto logits = s.eval(ids, true);
+  ASSERT_TRUE(logits.ok()) << logits.error().message;
+  for (const char* ref_name : {".exact.f32", ".f32"}) {
+    auto ref = read_f32(c.dir / ("logits-" + c.quant + ref_name));
+    LogitStats st = compare(*logits, ref, V);
+    std::printf("  %s %s vs logits-%s%s: median rms_rel %.4f, cos>=0.99 %.0f%%, top-1 %.1f%% (clear %.1f%%)\n",
+                c.dir.filename().c_str(), c.quant.c_str(), c.quant.c_str(), ref_name, st.median_rms_rel,
+                100 * st.frac_cos_099, 100 * st.top1, 100 * st.top1_clear);
+    EXPECT_LE(st.median_rms_rel, 0.05) << ref_name;
+    EXPECT_GE(st.frac_cos_099, 0.90) << ref_name;
+    EXPECT_GE(st.top1, 0.85) << ref_name;
+    EXPECT_GE(st.top1_clear, 0.95) << ref_name;
+  }
+}
+
+TEST(Forward, VendoredQwen3MoeExact) {
+  check_model({test::data_dir() / "models" / "qwen3moe", "Q4_K_M"});
+}
+
+TEST(Forward, VendoredQwen3MoeQuantized) {
+  check_quantized({test::data_dir() / "models" / "qwen3moe", "Q4_K_M"});
+}
+
+void check_arch(const std::string& arch) {
+  auto dir = test::fixtures_dir();
+  if (!dir) GTEST_SKIP() << "../shared/fixtures not found";
+  for (const auto& e : fs::directory_iterator(*dir / "models" / arch)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("model-", 0) != 0) continue;
+    const Case c{e.path().parent_path(), n.substr(6, n.size() - 6 - 5)};
+    check_model(c);
+    check_quantized(c);
+  }
+}
+
+TEST(Forward, Qwen3MoeFixtures) { check_arch("qwen3moe"); }
+TEST(Forward, Qwen2MoeFixtures) { check_arch("qwen2moe"); }
+TEST(Forward, MixtralFixtures) { check_arch("llama"); }
+TEST(Forward, DeepSeek2Fixtures) { check_arch("deepseek2"); }
+
+}  // namespace
+}  // namespace strata
