@@ -183,6 +183,7 @@ TEST(Forward, Qwen3MoeFixtures) { check_arch("qwen3moe"); }
 TEST(Forward, Qwen2MoeFixtures) { check_arch("qwen2moe"); }
 TEST(Forward, MixtralFixtures) { check_arch("llama"); }
 TEST(Forward, DeepSeek2Fixtures) { check_arch("deepseek2"); }
+TEST(Forward, GptOssFixtures) { check_arch("gpt-oss"); }
 
 }  // namespace
 }  // namespace strata

@@ -100,11 +100,11 @@ int run_synth(const SynthArgs& a) {
     return 1;
   }
   const double secs = seconds();
-  std::printf("wrote %s: %s %s, %zu tensors, %u tokens, %s (%" PRIu64 " bytes) in %.1f s, %.0f MB/s\n",
-              a.output.c_str(), std::string(shape->name).c_str(),
-              std::string(synth_quant_name(*quant)).c_str(), plan->writer.tensors().size(),
-              plan->n_vocab, format_bytes(double(total)).c_str(), total, secs,
-              double(total) / 1e6 / secs);
+  std::printf(
+      "wrote %s: %s %s, %zu tensors, %u tokens, %s (%" PRIu64 " bytes) in %.1f s, %.0f MB/s\n",
+      a.output.c_str(), std::string(shape->name).c_str(),
+      std::string(synth_quant_name(*quant)).c_str(), plan->writer.tensors().size(), plan->n_vocab,
+      format_bytes(double(total)).c_str(), total, secs, double(total) / 1e6 / secs);
   return 0;
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "cpu/kernels.h"
 #include "cpu/quant_traits.h"
 
 namespace strata::cpu {
@@ -55,19 +56,26 @@ void matmul_exact(const Weight& w, const float* x, int64_t n_tok, const float* s
   }
 }
 
-// Quantized path: activations rounded once per call to the weight type's vec_dot type.
+// Quantized path: activations rounded once per call to the weight type's vec_dot type, then each
+// output row dotted with them by the start-up ISA's kernel (cpu_kernels(), kernels.h).
 template <bool kAccumulate>
 void matmul_quantized(const Weight& w, const float* x, int64_t n_tok, const float* scale, float* y) {
   const QuantTraits& qt = quant_traits(w.type);
-  STRATA_CHECK(qt.vec_dot != nullptr, "weight type without vec_dot (loader must reject)");
+  const KernelTable& kernels = cpu_kernels();
+  const VecDotFn vec_dot = kernels.dot(w.type);
+  STRATA_CHECK(vec_dot != nullptr, "weight type without vec_dot (loader must reject)");
   const int64_t n_in = w.n_in, n_out = w.n_out;
+  STRATA_CHECK(n_in % int64_t(qt.block_size) == 0 && n_in % int64_t(quant_traits(qt.vec_dot_type).block_size) == 0,
+               "row length is not a whole number of blocks (the kernels do not check)");
   const void* act = x;
   size_t act_row_bytes = size_t(n_in) * sizeof(float);
   std::vector<uint8_t> xq;
-  if (qt.quantize_activation) {
+  if (qt.vec_dot_type != GgmlType::f32) {
+    const QuantizeRowFn quantize = kernels.quantize(qt.vec_dot_type);
+    STRATA_CHECK(quantize != nullptr, "vec_dot_type without a quantizer");
     act_row_bytes = ggml_row_bytes(qt.vec_dot_type, uint64_t(n_in));
     xq.resize(act_row_bytes * size_t(n_tok));
-    for (int64_t t = 0; t < n_tok; ++t) qt.quantize_activation(x + t * n_in, xq.data() + size_t(t) * act_row_bytes, n_in);
+    for (int64_t t = 0; t < n_tok; ++t) quantize(x + t * n_in, xq.data() + size_t(t) * act_row_bytes, n_in);
     act = xq.data();
   }
   const auto* a = static_cast<const uint8_t*>(act);
@@ -75,7 +83,7 @@ void matmul_quantized(const Weight& w, const float* x, int64_t n_tok, const floa
   for (int64_t r = 0; r < n_out; ++r) {
     const uint8_t* wr = w.row(r);
     for (int64_t t = 0; t < n_tok; ++t)
-      store<kAccumulate>(y, t * n_out + r, qt.vec_dot(n_in, wr, a + size_t(t) * act_row_bytes), scale, t);
+      store<kAccumulate>(y, t * n_out + r, vec_dot(n_in, wr, a + size_t(t) * act_row_bytes), scale, t);
   }
 }
 

@@ -24,10 +24,18 @@ Result<std::vector<float>> Session::eval(std::span<const int32_t> tokens, bool a
                         n_past_, n, cache_.n_ctx)};
   }
   std::vector<float> logits(size_t((all_logits ? n : 1) * hp.n_vocab));
-  if (hp.arch == Arch::deepseek2) {
-    forward_deepseek2(model_, backend_, cache_, tokens.data(), n, n_past_, all_logits, logits.data());
-  } else {
-    forward_gqa_moe(model_, backend_, cache_, tokens.data(), n, n_past_, all_logits, logits.data());
+  switch (hp.arch) {
+    case Arch::qwen3moe:
+    case Arch::qwen2moe:
+    case Arch::llama:
+      forward_gqa_moe(model_, backend_, cache_, tokens.data(), n, n_past_, all_logits, logits.data());
+      break;
+    case Arch::deepseek2:
+      forward_deepseek2(model_, backend_, cache_, tokens.data(), n, n_past_, all_logits, logits.data());
+      break;
+    case Arch::gpt_oss:
+      forward_gpt_oss(model_, backend_, cache_, tokens.data(), n, n_past_, all_logits, logits.data());
+      break;
   }
   n_past_ += n;
   return logits;

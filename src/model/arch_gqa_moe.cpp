@@ -88,6 +88,8 @@ void init_cache(const Model& m, int n_ctx, KvCache& cache) {
     // MLA caches the normalised latent c and the roped shared k_pe: v is derived from c
     cache.init(hp.n_layer, n_ctx, hp.kv_lora_rank + hp.qk_rope, 0);
   } else {
+    // qwen3moe, qwen2moe, llama, gpt-oss: every position of every layer, sliding-window layers
+    // included (attention_gqa skips the rows outside the window)
     cache.init(hp.n_layer, n_ctx, hp.n_head_kv * hp.head_dim_k, hp.n_head_kv * hp.head_dim_v);
   }
 }

@@ -17,24 +17,38 @@ struct Routing {
   std::vector<float> weights;
 };
 
-// Router of layer `l` applied to h [n_tok][n_embd] with the architecture's gating rule.
+// Router of layer `l` (plus its bias, if any) applied to h [n_tok][n_embd] with the architecture's
+// gating rule (hp.gating).
 Routing route(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& l, const float* h,
               int64_t n_tok);
 
 // out[t] = sum_j weights[t][j] * expert_{ids[t][j]}(h[t]) for SwiGLU experts stacked in
-// gate/up/down. Tokens are grouped by expert so each expert's weights are read once per call.
+// gate/up/down (with the expert biases of `l`, if any, and activation `glu`). Tokens are grouped by
+// expert so each expert's weights are read once per call.
 void moe_ffn(const cpu::CpuBackend& be, const LayerWeights& l, const Routing& r, const float* h, int64_t n_tok, int64_t n_embd,
-             float* out);
+             float* out, const GluParams& glu = {});
 
-// out[t] (+)= down(silu(gate h[t]) * up h[t]) * (scale ? scale[t] : 1); accumulate adds to out.
+// Optional parts of a SwiGLU FFN: biases (null: none) and the activation.
+struct SwigluOptions {
+  const float* gate_b = nullptr;  // [n_ff], added to gate h before the activation
+  const float* up_b = nullptr;    // [n_ff]
+  const float* down_b = nullptr;  // [n_embd], added before `scale`
+  GluParams glu;
+};
+// out[t] (+)= (down(act(gate h[t]) * up h[t]) + down_b) * (scale ? scale[t] : 1); accumulate adds
+// to out.
 void swiglu_ffn(const cpu::CpuBackend& be, const Weight& gate, const Weight& up, const Weight& down, const float* h,
-                int64_t n_tok, const float* scale, bool accumulate, float* out);
+                int64_t n_tok, const float* scale, bool accumulate, float* out, const SwigluOptions& opt = {});
 
 struct AttentionParams {
   int n_head = 0, n_head_kv = 0, head_dim_k = 0, head_dim_v = 0;
   float scale = 0;
+  int n_swa = 0;                 // window: the query at pos sees keys pos - n_swa < j <= pos; 0: all
+  const float* sinks = nullptr;  // [n_head] per-head sink logits (null: none), see attention_gqa
 };
-// Causal GQA attention of n_tok queries at positions pos0.. over the layer's cache rows 0..pos.
+// Causal GQA attention of n_tok queries at positions pos0.. over the layer's cache rows 0..pos
+// (the last n_swa of them with a window). A sink adds exp(sink[h]) to head h's softmax denominator:
+// a virtual key, in the units of the scaled scores, that has no value.
 // q: [n_tok][n_head][head_dim_k]; out: [n_tok][n_head][head_dim_v].
 void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const float* q,
                    int64_t n_tok, int64_t pos0, float* out);

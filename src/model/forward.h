@@ -13,6 +13,10 @@ namespace strata {
 // qwen3moe, qwen2moe, llama (Mixtral): GQA attention + routed experts (+ shared expert).
 void forward_gqa_moe(const Model& m, const cpu::CpuBackend& be, KvCache& cache, const int32_t* tokens, int64_t n_tok,
                      int64_t pos0, bool all_logits, float* logits);
+// gpt-oss: GQA attention with biases, sinks and alternating sliding windows; biased experts with
+// swiglu_oai, softmax over the top-k router logits.
+void forward_gpt_oss(const Model& m, const cpu::CpuBackend& be, KvCache& cache, const int32_t* tokens, int64_t n_tok,
+                     int64_t pos0, bool all_logits, float* logits);
 // deepseek2: MLA attention, leading dense layers, shared experts, grouped sigmoid routing.
 void forward_deepseek2(const Model& m, const cpu::CpuBackend& be, KvCache& cache, const int32_t* tokens, int64_t n_tok,
                        int64_t pos0, bool all_logits, float* logits);

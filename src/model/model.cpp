@@ -111,9 +111,10 @@ Result<HParams> read_hparams(const GgufFile& f) {
   else if (*arch == "qwen2moe") hp.arch = Arch::qwen2moe;
   else if (*arch == "llama") hp.arch = Arch::llama;
   else if (*arch == "deepseek2") hp.arch = Arch::deepseek2;
+  else if (*arch == "gpt-oss") hp.arch = Arch::gpt_oss;
   else
     return Error{strfmt("%s: architecture '%s' is not supported (strata runs qwen3moe, qwen2moe, "
-                        "llama (Mixtral) and deepseek2)", f.name().c_str(), arch->c_str())};
+                        "llama (Mixtral), deepseek2 and gpt-oss)", f.name().c_str(), arch->c_str())};
 
   KeyReader k(f, *arch + ".");
   STRATA_TRY(k.u("block_count", hp.n_layer));
@@ -158,8 +159,15 @@ Result<HParams> read_hparams(const GgufFile& f) {
       STRATA_TRY(k.u("expert_shared_feed_forward_length", hp.n_ff_shexp));
       break;
     case Arch::llama:
-      hp.norm_topk = true;  // Mixtral: softmax over the chosen experts == renormalised top-k
+      hp.gating = Gating::softmax_topk;  // Mixtral: softmax, top-k, renormalised; the same weights
       if (hp.n_ff_exp == 0) hp.n_ff_exp = hp.n_ff;  // Mixtral's experts use feed_forward_length
+      break;
+    case Arch::gpt_oss:
+      hp.gating = Gating::softmax_topk;
+      // not in the file: llama.cpp's constants for gpt-oss
+      hp.expert_glu = {.kind = GluKind::swiglu_oai, .alpha = 1.702f, .limit = 7.0f};
+      STRATA_TRY(k.u("attention.sliding_window", hp.n_swa));
+      hp.swa_period = 2;  // even layers slide, odd layers see everything
       break;
     case Arch::deepseek2: {
       int gating = 1;
@@ -265,7 +273,9 @@ Result<std::unique_ptr<Model>> Model::load(GgufFile file) {
     LayerWeights& l = m->layers[size_t(il)];
     auto n = [&](const char* s) { return strfmt("blk.%d.%s", il, s); };
     ASSIGN_OR_RETURN(l.attn_norm, g.get_f32(n("attn_norm.weight"), {E}));
-    ASSIGN_OR_RETURN(l.ffn_norm, g.get_f32(n("ffn_norm.weight"), {E}));
+    const bool oss = hp.arch == Arch::gpt_oss;  // gpt-oss: biases and sinks are required
+    const char* ffn_norm = oss ? "post_attention_norm.weight" : "ffn_norm.weight";
+    ASSIGN_OR_RETURN(l.ffn_norm, g.get_f32(n(ffn_norm), {E}));
 
     if (hp.arch == Arch::deepseek2) {
       const int64_t QK = hp.qk_nope + hp.qk_rope, R = hp.kv_lora_rank;
@@ -287,10 +297,11 @@ Result<std::unique_ptr<Model>> Model::load(GgufFile file) {
       ASSIGN_OR_RETURN(l.wk, g.get(n("attn_k.weight"), {E, HKV * DK}));
       ASSIGN_OR_RETURN(l.wv, g.get(n("attn_v.weight"), {E, HKV * DV}));
       ASSIGN_OR_RETURN(l.wo, g.get(n("attn_output.weight"), {H * DV, E}));
-      ASSIGN_OR_RETURN(l.bq, g.get_f32(n("attn_q.bias"), {H * DK}, false));
-      ASSIGN_OR_RETURN(l.bk, g.get_f32(n("attn_k.bias"), {HKV * DK}, false));
-      ASSIGN_OR_RETURN(l.bv, g.get_f32(n("attn_v.bias"), {HKV * DV}, false));
-      ASSIGN_OR_RETURN(l.bo, g.get_f32(n("attn_output.bias"), {E}, false));
+      ASSIGN_OR_RETURN(l.bq, g.get_f32(n("attn_q.bias"), {H * DK}, oss));
+      ASSIGN_OR_RETURN(l.bk, g.get_f32(n("attn_k.bias"), {HKV * DK}, oss));
+      ASSIGN_OR_RETURN(l.bv, g.get_f32(n("attn_v.bias"), {HKV * DV}, oss));
+      ASSIGN_OR_RETURN(l.bo, g.get_f32(n("attn_output.bias"), {E}, oss));
+      ASSIGN_OR_RETURN(l.attn_sinks, g.get_f32(n("attn_sinks.weight"), {H}, oss));
       const bool qk_norm = hp.arch == Arch::qwen3moe;
       ASSIGN_OR_RETURN(l.q_norm, g.get_f32(n("attn_q_norm.weight"), {DK}, qk_norm));
       ASSIGN_OR_RETURN(l.k_norm, g.get_f32(n("attn_k_norm.weight"), {DK}, qk_norm));
@@ -309,6 +320,10 @@ Result<std::unique_ptr<Model>> Model::load(GgufFile file) {
     ASSIGN_OR_RETURN(l.gate_exps, g.get(n("ffn_gate_exps.weight"), {E, FE, X}));
     ASSIGN_OR_RETURN(l.up_exps, g.get(n("ffn_up_exps.weight"), {E, FE, X}));
     ASSIGN_OR_RETURN(l.down_exps, g.get(n("ffn_down_exps.weight"), {FE, E, X}));
+    ASSIGN_OR_RETURN(l.router_b, g.get_f32(n("ffn_gate_inp.bias"), {X}, oss));
+    ASSIGN_OR_RETURN(l.gate_exps_b, g.get_f32(n("ffn_gate_exps.bias"), {FE, X}, oss));
+    ASSIGN_OR_RETURN(l.up_exps_b, g.get_f32(n("ffn_up_exps.bias"), {FE, X}, oss));
+    ASSIGN_OR_RETURN(l.down_exps_b, g.get_f32(n("ffn_down_exps.bias"), {E, X}, oss));
     if (hp.arch == Arch::deepseek2) {
       ASSIGN_OR_RETURN(l.exp_probs_b, g.get_f32(n("exp_probs_b.bias"), {X}, hp.gating == Gating::sigmoid));
     }

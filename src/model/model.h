@@ -15,9 +15,22 @@
 
 namespace strata {
 
-enum class Arch { qwen3moe, qwen2moe, llama, deepseek2 };
+enum class Arch { qwen3moe, qwen2moe, llama, deepseek2, gpt_oss };
 
-enum class Gating { softmax, sigmoid };
+// How router logits z become expert choices and weights.
+//  softmax:       choose by softmax(z), weigh by it (renormalised over the chosen if norm_topk)
+//  sigmoid:       choose by sigmoid(z) (+ exp_probs_b), weigh by the unbiased sigmoid
+//  softmax_topk:  choose by z, weigh by the softmax over the chosen k logits (gpt-oss, Mixtral)
+enum class Gating { softmax, sigmoid, softmax_topk };
+
+// The gated activation of a SwiGLU FFN, act(gate) * up.
+//  silu:       silu(g) * u
+//  swiglu_oai: x = min(g, limit); x sigmoid(alpha x) (clamp(u, -limit, limit) + 1)  (gpt-oss)
+enum class GluKind { silu, swiglu_oai };
+struct GluParams {
+  GluKind kind = GluKind::silu;
+  float alpha = 1.0f, limit = 0.0f;
+};
 
 struct HParams {
   Arch arch = Arch::qwen3moe;
@@ -44,6 +57,15 @@ struct HParams {
   bool norm_topk = false;       // renormalise the chosen experts' weights to sum 1
   float expert_weights_scale = 1.0f;
   int n_group = 0, n_group_used = 0;  // deepseek2 group-limited routing (0: off)
+  GluParams expert_glu;                // the routed experts' activation
+
+  // sliding-window attention: layer il sees only the last n_swa positions when swa_period is 0 or
+  // il % swa_period < swa_period - 1 (llama.cpp's swa pattern; gpt-oss: period 2, the even
+  // layers), every position otherwise. n_swa 0: no window anywhere.
+  int n_swa = 0, swa_period = 0;
+  int window(int il) const {
+    return n_swa > 0 && (swa_period == 0 || il % swa_period < swa_period - 1) ? n_swa : 0;
+  }
 
   // deepseek2 MLA
   int q_lora_rank = 0;   // 0: no q LoRA (attn_q directly)
@@ -55,10 +77,11 @@ struct HParams {
 };
 
 struct LayerWeights {
-  Weight attn_norm, ffn_norm;  // F32 [n_embd]
+  Weight attn_norm, ffn_norm;  // F32 [n_embd]; gpt-oss names ffn_norm post_attention_norm
   // GQA attention
   Weight wq, wk, wv, wo;          // [n_embd] -> [n_head * hd], ...
-  Weight bq, bk, bv, bo;          // biases (qwen2moe), F32
+  Weight bq, bk, bv, bo;          // biases (qwen2moe, gpt-oss), F32
+  Weight attn_sinks;              // per-head sink logits (gpt-oss), F32 [n_head]
   Weight q_norm, k_norm;          // per-head RMSNorm (qwen3moe), F32 [head_dim]
   // MLA attention (deepseek2)
   Weight wq_a, q_a_norm, wq_b;    // q LoRA: [n_embd] -> q_lora -> [n_head * (nope + rope)]
@@ -68,8 +91,10 @@ struct LayerWeights {
   // feed-forward
   Weight ffn_gate, ffn_up, ffn_down;                  // dense layers
   Weight router;                                      // ffn_gate_inp: [n_embd] -> [n_expert], F32
+  Weight router_b;                                    // its bias (gpt-oss), F32 [n_expert]
   Weight exp_probs_b;                                 // selection bias (deepseek2), F32 [n_expert]
   Weight gate_exps, up_exps, down_exps;               // stacked [n_expert]
+  Weight gate_exps_b, up_exps_b, down_exps_b;         // biases (gpt-oss), F32 [n_expert][F|n_embd]
   Weight gate_shexp, up_shexp, down_shexp, gate_inp_shexp;  // shared expert (+ its sigmoid gate)
   bool is_moe() const { return bool(gate_exps); }
 };

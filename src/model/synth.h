@@ -1,7 +1,7 @@
 // Synthetic GGUF models with the exact tensor names, shapes, types and metadata keys of real MoE
-// releases (what llama.cpp's converter and llama-quantize write), filled with seeded random weights.
-// They let the engine, the tiering and the benchmarks run at the real scale (tens of GB, the real
-// expert byte ranges) without downloading a model.
+// releases (what llama.cpp's converter and llama-quantize write), filled with seeded random
+// weights. They let the engine, the tiering and the benchmarks run at the real scale (tens of GB,
+// the real expert byte ranges) without downloading a model.
 //
 // A shape is one row of a data table (synth_shapes.cpp); a quant mix is one of llama-quantize's
 // file types. build_synth_plan() turns (shape, mix, options) into a GgufWriter holding the header
@@ -66,8 +66,8 @@ struct SynthShape {
   // YaRN context extension, written when yarn_factor > 0.
   float yarn_factor = 0;
   uint32_t yarn_orig_ctx = 0;
-  float yarn_log_mul = 0;  // deepseek2: 0.1 * mscale_all_dim
-  uint32_t n_swa = 0;      // gpt-oss: sliding window of the even layers
+  float yarn_log_mul = 0;                    // deepseek2: 0.1 * mscale_all_dim
+  uint32_t n_swa = 0;                        // gpt-oss: sliding window of the even layers
   std::string_view tokenizer_pre = "gpt-2";  // tokenizer.ggml.pre of the generated vocabulary
 };
 
@@ -89,7 +89,7 @@ GgmlType synth_tensor_type(const SynthShape& shape, SynthQuant quant, std::strin
 
 // The first kSynthSharedChannels channels of every token embedding carry a common offset (the
 // "massive activation" channels of real models) and each router reads them with a per-expert
-// weight; that is what makes expert popularity uneven. See synth_fill.cpp.
+// weight; that is what makes expert popularity uneven. See synth.cpp.
 constexpr uint32_t kSynthSharedChannels = 32;
 
 // How a tensor's values are drawn. Quantized weights are written block by block with valid,
@@ -127,7 +127,8 @@ struct SynthPlan {
   // the number of OpenMP threads that fill it.
   void fill(size_t index, uint64_t offset, std::span<uint8_t> out) const;
   // Whole-file helpers.
-  Status write_file(const std::string& path, const GgufWriter::ProgressFn& progress = nullptr) const;
+  Status write_file(const std::string& path,
+                    const GgufWriter::ProgressFn& progress = nullptr) const;
   std::vector<uint8_t> write_memory() const;
 };
 

@@ -26,8 +26,8 @@ class Rng {
   // Bounded by +-3.5; plenty for random weights, and one draw per value.
   float normal() {
     const uint64_t x = next();
-    const float sum = float(x & 0xffff) + float((x >> 16) & 0xffff) + float((x >> 32) & 0xffff) +
-                      float(x >> 48);
+    const float sum =
+        float(x & 0xffff) + float((x >> 16) & 0xffff) + float((x >> 32) & 0xffff) + float(x >> 48);
     return (sum * (1.0f / 65536.0f) - 2.0f) * 1.7320508f;
   }
 

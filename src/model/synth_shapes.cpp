@@ -203,7 +203,9 @@ constexpr SynthShape kShapes[] = {
 
 }  // namespace
 
-std::span<const SynthShape> synth_shapes() { return kShapes; }
+std::span<const SynthShape> synth_shapes() {
+  return kShapes;
+}
 
 const SynthShape* find_synth_shape(std::string_view name) {
   auto it = std::find_if(std::begin(kShapes), std::end(kShapes),

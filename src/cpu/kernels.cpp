@@ -1,0 +1,110 @@
+#include "cpu/kernels.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "base/error.h"
+
+namespace strata::cpu {
+namespace {
+
+// The reference entries of every table: quant_traits' functions.
+KernelTable reference_table() {
+  KernelTable t;
+  t.isa = CpuIsa::scalar;
+  for (const GgmlTypeTraits& g : kGgmlTypeTable) {
+    STRATA_CHECK(size_t(g.type) < kKernelTypeCount);
+    t.vec_dot[size_t(g.type)] = quant_traits(g.type).vec_dot;
+  }
+  for (GgmlType a : {GgmlType::q8_0, GgmlType::q8_1, GgmlType::q8_k})
+    t.quantize_row[size_t(a)] = quant_traits(a).from_float;
+  return t;
+}
+
+KernelTable build_table(CpuIsa isa) {
+  KernelTable t = reference_table();
+  t.isa = isa;
+#if STRATA_X86_KERNELS
+  // layered: an AVX-512 table starts from the AVX2 one and overwrites what it does better
+  if (isa >= CpuIsa::avx2) detail::add_avx2_kernels(t.vec_dot.data(), t.quantize_row.data());
+  if (isa >= CpuIsa::avx512) detail::add_avx512_kernels(t.vec_dot.data(), t.quantize_row.data());
+#endif
+  return t;
+}
+
+}  // namespace
+
+bool isa_supported(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::scalar:
+      return true;
+#if STRATA_X86_KERNELS
+    case CpuIsa::avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case CpuIsa::avx512:
+      return isa_supported(CpuIsa::avx2) && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+#else
+    default:
+      return false;
+#endif
+  }
+  return false;
+}
+
+CpuIsa best_supported_isa() {
+  if (isa_supported(CpuIsa::avx512)) return CpuIsa::avx512;
+  if (isa_supported(CpuIsa::avx2)) return CpuIsa::avx2;
+  return CpuIsa::scalar;
+}
+
+std::string_view isa_name(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::scalar: return "scalar";
+    case CpuIsa::avx2: return "avx2";
+    case CpuIsa::avx512: return "avx512";
+  }
+  return "?";
+}
+
+std::optional<CpuIsa> parse_isa(std::string_view name) {
+  if (name == "scalar" || name == "ref") return CpuIsa::scalar;
+  if (name == "avx2") return CpuIsa::avx2;
+  if (name == "avx512") return CpuIsa::avx512;
+  return std::nullopt;
+}
+
+CpuIsa select_isa(const char* env_value) {
+  const CpuIsa best = best_supported_isa();
+  if (env_value == nullptr || env_value[0] == '\0') return best;
+  const std::optional<CpuIsa> want = parse_isa(env_value);
+  if (!want) {
+    std::fprintf(stderr, "strata: STRATA_CPU_ISA=%s is not one of scalar, avx2, avx512; using %s\n",
+                 env_value, isa_name(best).data());
+    return best;
+  }
+  if (*want > best) {
+    std::fprintf(stderr, "strata: STRATA_CPU_ISA=%s but this CPU supports at most %s; using %s\n",
+                 env_value, isa_name(best).data(), isa_name(best).data());
+    return best;
+  }
+  return *want;
+}
+
+const KernelTable& cpu_kernels(CpuIsa isa) {
+  STRATA_CHECK(isa_supported(isa), "kernel table of an ISA this CPU lacks");
+  static const KernelTable tables[] = {build_table(CpuIsa::scalar),
+                                       isa_supported(CpuIsa::avx2) ? build_table(CpuIsa::avx2)
+                                                                   : reference_table(),
+                                       isa_supported(CpuIsa::avx512) ? build_table(CpuIsa::avx512)
+                                                                     : reference_table()};
+  return tables[size_t(isa)];
+}
+
+const KernelTable& cpu_kernels() {
+  static const KernelTable& chosen = cpu_kernels(select_isa(std::getenv("STRATA_CPU_ISA")));
+  return chosen;
+}
+
+}  // namespace strata::cpu

@@ -1,0 +1,78 @@
+// The CPU kernel table: for each weight type the dot-product kernel a matmul calls, and for each
+// activation format the quantizer of a float row, in the variant the CPU runs best (STYLE.md 4).
+// Chosen once, at the first call of cpu_kernels(), from cpuid (__builtin_cpu_supports); the
+// environment variable STRATA_CPU_ISA=scalar|avx2|avx512 forces a variant for tests and
+// benchmarks ("ref" means scalar). A variant the CPU lacks is never chosen: the request falls
+// back to the best supported ISA below it, with a warning on stderr.
+//
+// Every entry has the signature and the contract of the scalar reference it replaces
+// (quant_traits.h, quant_ref.h): same integer sums, float scaling possibly in another order
+// (tests/test_simd_kernels.cpp states the tolerance per kernel); the quantizers produce blocks
+// bit-identical to the reference for finite input. Where an ISA has no variant of a kernel the
+// entry is the reference itself, so every supported type has an entry in every table.
+//
+// Layout: the variants live in src/cpu/avx2 and src/cpu/avx512, one translation unit per ISA
+// family compiled with that ISA's flags; nothing else in strata is compiled with them, and no
+// intrinsic appears outside those directories.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <optional>
+#include <string_view>
+
+#include "cpu/quant_traits.h"
+#include "model/ggml_type.h"
+
+namespace strata::cpu {
+
+// Instruction-set families of the kernel variants, in increasing order of capability.
+//   avx2:   AVX2 + FMA + F16C (Haswell, Zen 1 and later)
+//   avx512: AVX-512 F/BW/VL/DQ + VNNI (+ the AVX2 set): Ice Lake, Sapphire Rapids, Zen 4 / 5
+enum class CpuIsa { scalar, avx2, avx512 };
+
+inline constexpr size_t kKernelTypeCount = 40;  // ggml type ids 0..39 (mxfp4 = 39)
+
+struct KernelTable {
+  CpuIsa isa = CpuIsa::scalar;
+  // vec_dot[weight type](n, w, a): one weight row . one activation row in the weight type's
+  // vec_dot_type (quant_traits(type).vec_dot_type); null exactly where the reference is null.
+  std::array<VecDotFn, kKernelTypeCount> vec_dot{};
+  // quantize_row[activation type](x, y, n): float row -> blocks of q8_0 / q8_1 / q8_K (the
+  // from_float of those types); null for other types.
+  std::array<QuantizeRowFn, kKernelTypeCount> quantize_row{};
+
+  VecDotFn dot(GgmlType weight) const { return vec_dot[size_t(weight)]; }
+  QuantizeRowFn quantize(GgmlType activation) const { return quantize_row[size_t(activation)]; }
+};
+
+// The table chosen at start-up (cpuid, then STRATA_CPU_ISA). Thread-safe; never changes.
+const KernelTable& cpu_kernels();
+// The table of one ISA, for tests and benchmarks that compare variants. The ISA must be supported
+// (checked): calling an AVX-512 kernel on a CPU without it faults.
+const KernelTable& cpu_kernels(CpuIsa isa);
+
+// Whether this CPU (and its OS) can run the variant.
+bool isa_supported(CpuIsa isa);
+// The best variant this CPU supports.
+CpuIsa best_supported_isa();
+// "scalar", "avx2", "avx512".
+std::string_view isa_name(CpuIsa isa);
+// The name of the variant cpu_kernels() runs.
+inline std::string_view isa_name() { return isa_name(cpu_kernels().isa); }
+// "scalar" / "ref", "avx2", "avx512" (case-sensitive) -> the ISA; nullopt for anything else.
+std::optional<CpuIsa> parse_isa(std::string_view name);
+// The ISA cpu_kernels() uses given the value of STRATA_CPU_ISA (null: unset): the best supported
+// one, or the requested one capped at the best supported. An unknown name means unset. Writes a
+// warning to stderr when the request cannot be honoured.
+CpuIsa select_isa(const char* env_value);
+
+namespace detail {
+// Each ISA directory overwrites the entries it implements (defined in src/cpu/avx2 and
+// src/cpu/avx512; called only when the CPU supports the ISA). Plain arrays of kKernelTypeCount
+// entries, indexed by type id, so that those translation units instantiate no shared template.
+void add_avx2_kernels(VecDotFn* vec_dot, QuantizeRowFn* quantize_row);
+void add_avx512_kernels(VecDotFn* vec_dot, QuantizeRowFn* quantize_row);
+}  // namespace detail
+
+}  // namespace strata::cpu

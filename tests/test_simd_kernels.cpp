@@ -1,0 +1,480 @@
+// The SIMD kernel variants (src/cpu/kernels.h, src/cpu/avx2, src/cpu/avx512) against the scalar
+// reference (quant_ref.h) on fresh random data, for every ISA this CPU supports; an ISA it lacks
+// is skipped with a message. Also the start-up dispatch.
+//
+// What is compared, and how closely:
+//  - activation quantizers (Q8_0, Q8_K): bit-identical blocks, on random rows and on rows built to
+//    hit the rounding ties and the sign rule of each format;
+//  - dot products with power-of-two scales and small activation quants, where every float
+//    operation of both the reference and the variant is exact: bit-identical results (any wrong
+//    element shows);
+//  - dot products on random rows with random activations quantized by the reference: the integer
+//    sums are the same, only the order of the float scaling and accumulation differs, so
+//      |simd - ref| <= 2 (nb + 16) 2^-24 M,
+//    with nb the number of blocks and M = sum_i |w_i| |a_i| of the dequantized weights and
+//    activations (Q4_K / Q5_K: the scale and min parts of w_i counted separately); this is the
+//    worst-case float error of two sums of nb + 16 rounded terms of total magnitude <= M;
+//  - the same on rows of extreme quants (all at their largest magnitude), which would show a
+//    saturating 16-bit intermediate.
+//
+// Randomness is fresh on every run; the seed is printed with every failure and can be replayed
+// with STRATA_TEST_SEED=<seed>.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/fp16.h"
+#include "cpu/kernels.h"
+#include "cpu/quant_blocks.h"
+#include "cpu/quant_traits.h"
+
+namespace strata {
+namespace {
+
+using cpu::CpuIsa;
+using cpu::KernelTable;
+
+uint64_t test_seed() {
+  static const uint64_t seed = [] {
+    if (const char* env = std::getenv("STRATA_TEST_SEED")) return uint64_t(std::strtoull(env, nullptr, 10));
+    std::random_device rd;
+    return (uint64_t(rd()) << 32) ^ rd();
+  }();
+  return seed;
+}
+
+#define SEED_TRACE() SCOPED_TRACE("STRATA_TEST_SEED=" + std::to_string(test_seed()))
+
+struct Rng {
+  std::mt19937_64 gen;
+  explicit Rng(uint64_t salt) : gen(test_seed() ^ (salt * 0x9E3779B97F4A7C15ull)) {}
+  float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(gen); }
+  float normal() { return std::normal_distribution<float>(0.0f, 1.0f)(gen); }
+  int int_in(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen); }
+  uint8_t byte() { return uint8_t(int_in(0, 255)); }
+  // A finite fp16 scale, log-uniform in [2^-20, 2^-2] (subnormal halves included), random sign
+  // when `signed_scale`.
+  uint16_t half_scale(bool signed_scale) {
+    float v = std::ldexp(1.0f, int_in(-20, -3)) * uniform(1.0f, 2.0f);
+    if (signed_scale && int_in(0, 1)) v = -v;
+    return f32_to_fp16(v);
+  }
+  // Activations: normal, with an occasional outlier as real hidden states have.
+  std::vector<float> activations(int64_t n) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& v : x) v = normal() * (int_in(0, 63) == 0 ? 8.0f : 1.0f);
+    return x;
+  }
+};
+
+// The ISAs with SIMD variants; each test runs those the CPU supports.
+const CpuIsa kSimdIsas[] = {CpuIsa::avx2, CpuIsa::avx512};
+
+// Weight types with SIMD variants (the same list drives bench/bench_matvec.cpp).
+const GgmlType kSimdTypes[] = {GgmlType::q4_0, GgmlType::q5_0, GgmlType::q8_0, GgmlType::iq4_nl,
+                               GgmlType::mxfp4, GgmlType::q4_k, GgmlType::q5_k, GgmlType::q6_k};
+
+const int64_t kLengths[] = {256, 1024, 4096, 11008};  // 11008 = 43 * 256: not a power of two
+
+bool has_mins(GgmlType t) { return t == GgmlType::q4_k || t == GgmlType::q5_k; }
+
+// Where the scales of a block are, and how they are drawn.
+struct ScaleFields {
+  size_t d = 0;                // offset of the fp16 scale (or the E8M0 byte of mxfp4)
+  size_t dmin = SIZE_MAX;      // offset of the fp16 min scale (Q4_K / Q5_K)
+  bool signed_scale = true;
+};
+ScaleFields scale_fields(GgmlType t) {
+  switch (t) {
+    case GgmlType::q4_0: return {offsetof(block_q4_0, d)};
+    case GgmlType::q5_0: return {offsetof(block_q5_0, d)};
+    case GgmlType::q8_0: return {offsetof(block_q8_0, d)};
+    case GgmlType::iq4_nl: return {offsetof(block_iq4_nl, d)};
+    case GgmlType::mxfp4: return {offsetof(block_mxfp4, e)};
+    case GgmlType::q4_k: return {offsetof(block_q4_K, d), offsetof(block_q4_K, dmin), false};
+    case GgmlType::q5_k: return {offsetof(block_q5_K, d), offsetof(block_q5_K, dmin), false};
+    case GgmlType::q6_k: return {offsetof(block_q6_K, d)};
+    default: ADD_FAILURE() << "no scale layout for type " << int(t); return {};
+  }
+}
+
+void put_half(std::vector<uint8_t>& row, size_t offset, uint16_t h) { std::memcpy(&row[offset], &h, 2); }
+
+// A random weight row: random quant bytes (every bit pattern is a valid quant), random valid
+// scales. Q6_K's int8 sub-block scales are random too (-128..127).
+std::vector<uint8_t> random_weight_row(Rng& rng, GgmlType type, int64_t n) {
+  const QuantTraits& t = quant_traits(type);
+  const size_t nb = size_t(n / t.block_size);
+  std::vector<uint8_t> row(nb * t.type_size);
+  for (auto& b : row) b = rng.byte();
+  const ScaleFields f = scale_fields(type);
+  for (size_t i = 0; i < nb; ++i) {
+    const size_t base = i * t.type_size;
+    if (type == GgmlType::mxfp4) {
+      row[base + f.d] = uint8_t(rng.int_in(110, 130));
+      continue;
+    }
+    put_half(row, base + f.d, rng.half_scale(f.signed_scale));
+    if (f.dmin != SIZE_MAX) put_half(row, base + f.dmin, rng.half_scale(false));
+  }
+  return row;
+}
+
+// Every quant at its largest magnitude (most negative where the format is signed), the packed
+// sub-block scales at their largest, random scales.
+std::vector<uint8_t> extreme_weight_row(Rng& rng, GgmlType type, int64_t n) {
+  std::vector<uint8_t> row = random_weight_row(rng, type, n);
+  const QuantTraits& t = quant_traits(type);
+  const size_t nb = size_t(n / t.block_size);
+  for (size_t i = 0; i < nb; ++i) {
+    uint8_t* b = row.data() + i * t.type_size;
+    switch (type) {
+      case GgmlType::q4_0: std::memset(reinterpret_cast<block_q4_0*>(b)->qs, 0x00, 16); break;  // -8
+      case GgmlType::q5_0: {
+        auto* q = reinterpret_cast<block_q5_0*>(b);  // nibble 0, fifth bit 0: -16
+        std::memset(q->qs, 0x00, 16);
+        std::memset(q->qh, 0x00, 4);
+        break;
+      }
+      case GgmlType::q8_0: std::memset(reinterpret_cast<block_q8_0*>(b)->qs, 0x80, 32); break;  // -128
+      case GgmlType::iq4_nl: std::memset(reinterpret_cast<block_iq4_nl*>(b)->qs, 0x00, 16); break;  // -127
+      case GgmlType::mxfp4: std::memset(reinterpret_cast<block_mxfp4*>(b)->qs, 0xFF, 16); break;  // -12
+      case GgmlType::q4_k: {
+        auto* q = reinterpret_cast<block_q4_K*>(b);
+        std::memset(q->scales, 0xFF, 12);  // every scale and min 63
+        std::memset(q->qs, 0xFF, 128);    // 15
+        break;
+      }
+      case GgmlType::q5_k: {
+        auto* q = reinterpret_cast<block_q5_K*>(b);
+        std::memset(q->scales, 0xFF, 12);
+        std::memset(q->qs, 0xFF, 128);
+        std::memset(q->qh, 0xFF, 32);  // 31
+        break;
+      }
+      case GgmlType::q6_k: {
+        auto* q = reinterpret_cast<block_q6_K*>(b);
+        std::memset(q->ql, 0x00, 128);  // stored 0: -32
+        std::memset(q->qh, 0x00, 64);
+        std::memset(q->scales, 0x80, 16);  // -128
+        break;
+      }
+      default: ADD_FAILURE() << "no extreme row for " << t.name;
+    }
+  }
+  return row;
+}
+
+std::vector<uint8_t> quantize_reference(GgmlType act_type, const std::vector<float>& x) {
+  const QuantTraits& at = quant_traits(act_type);
+  std::vector<uint8_t> a(x.size() / at.block_size * at.type_size);
+  at.from_float(x.data(), a.data(), int64_t(x.size()));
+  return a;
+}
+
+std::vector<float> dequantize(GgmlType type, const std::vector<uint8_t>& row, int64_t n) {
+  std::vector<float> y(static_cast<size_t>(n));
+  quant_traits(type).dequantize_row(row.data(), y.data(), n);
+  return y;
+}
+
+// M = sum_i |w_i| |a_i| (see the top of the file). Q4_K / Q5_K count the scale part
+// (d * sc * q: the row with dmin = 0) and the min part (dmin * m: the row with d = 0) apart.
+double magnitude(GgmlType type, const std::vector<uint8_t>& w, const std::vector<uint8_t>& a, int64_t n) {
+  const QuantTraits& t = quant_traits(type);
+  const std::vector<float> ad = dequantize(t.vec_dot_type, a, n);
+  std::vector<std::vector<float>> parts;
+  if (has_mins(type)) {
+    const ScaleFields f = scale_fields(type);
+    std::vector<uint8_t> scale_part = w, min_part = w;
+    for (size_t i = 0; i < size_t(n / t.block_size); ++i) {
+      put_half(scale_part, i * t.type_size + f.dmin, 0);
+      put_half(min_part, i * t.type_size + f.d, 0);
+    }
+    parts.push_back(dequantize(type, scale_part, n));
+    parts.push_back(dequantize(type, min_part, n));
+  } else {
+    parts.push_back(dequantize(type, w, n));
+  }
+  double m = 0;
+  for (const auto& wd : parts)
+    for (size_t i = 0; i < size_t(n); ++i) m += std::fabs(double(wd[i])) * std::fabs(double(ad[i]));
+  return m;
+}
+
+double float_tolerance(GgmlType type, int64_t n, double magnitude) {
+  const double nb = double(n / quant_traits(type).block_size);
+  return 2.0 * (nb + 16.0) * std::ldexp(1.0, -24) * magnitude + 1e-30;
+}
+
+// Runs `body(table)` for every SIMD ISA the CPU supports; skips the test when it supports none.
+template <class Body>
+void for_each_isa(Body body) {
+  int ran = 0;
+  for (CpuIsa isa : kSimdIsas) {
+    if (!cpu::isa_supported(isa)) continue;
+    SCOPED_TRACE("isa " + std::string(cpu::isa_name(isa)));
+    body(cpu::cpu_kernels(isa));
+    ++ran;
+  }
+  if (ran == 0) GTEST_SKIP() << "this CPU supports none of the SIMD variants (avx2, avx512)";
+}
+
+void expect_variant_matches(const KernelTable& k, GgmlType type, const std::vector<uint8_t>& w,
+                            const std::vector<uint8_t>& a, int64_t n, const char* what) {
+  const float want = quant_traits(type).vec_dot(n, w.data(), a.data());
+  const float got = k.dot(type)(n, w.data(), a.data());
+  const double tol = float_tolerance(type, n, magnitude(type, w, a, n));
+  EXPECT_LE(std::fabs(double(got) - double(want)), tol)
+      << what << " " << quant_traits(type).name << " n=" << n << ": got " << got << ", reference " << want;
+}
+
+// ---------------------------------------------------------------------------------------------
+// dispatch
+
+TEST(SimdDispatch, ParsesIsaNames) {
+  EXPECT_EQ(cpu::parse_isa("scalar"), CpuIsa::scalar);
+  EXPECT_EQ(cpu::parse_isa("ref"), CpuIsa::scalar);
+  EXPECT_EQ(cpu::parse_isa("avx2"), CpuIsa::avx2);
+  EXPECT_EQ(cpu::parse_isa("avx512"), CpuIsa::avx512);
+  EXPECT_EQ(cpu::parse_isa("AVX2"), std::nullopt);
+  EXPECT_EQ(cpu::parse_isa(""), std::nullopt);
+  for (CpuIsa isa : {CpuIsa::scalar, CpuIsa::avx2, CpuIsa::avx512})
+    EXPECT_EQ(cpu::parse_isa(cpu::isa_name(isa)), isa);
+}
+
+// STRATA_CPU_ISA picks the variant, capped at what the CPU supports; unset or unknown means the
+// best supported one; and the start-up table is the one the environment of this process asks for.
+TEST(SimdDispatch, SelectsRequestedIsaWithinSupport) {
+  const CpuIsa best = cpu::best_supported_isa();
+  EXPECT_TRUE(cpu::isa_supported(best));
+  EXPECT_TRUE(cpu::isa_supported(CpuIsa::scalar));
+  EXPECT_EQ(cpu::select_isa(nullptr), best);
+  EXPECT_EQ(cpu::select_isa(""), best);
+  EXPECT_EQ(cpu::select_isa("no-such-isa"), best);
+  EXPECT_EQ(cpu::select_isa("scalar"), CpuIsa::scalar);
+  EXPECT_EQ(cpu::select_isa("ref"), CpuIsa::scalar);
+  for (CpuIsa isa : kSimdIsas) {
+    const CpuIsa got = cpu::select_isa(std::string(cpu::isa_name(isa)).c_str());
+    EXPECT_EQ(got, cpu::isa_supported(isa) ? isa : best) << cpu::isa_name(isa);
+  }
+  EXPECT_EQ(cpu::cpu_kernels().isa, cpu::select_isa(std::getenv("STRATA_CPU_ISA")));
+  EXPECT_EQ(cpu::isa_name(), cpu::isa_name(cpu::cpu_kernels().isa));
+}
+
+// Each table holds its own variants (not the reference) for the SIMD types, and the reference
+// for every other computable type; the scalar table is the reference.
+TEST(SimdDispatch, TablesHoldTheirVariants) {
+  const KernelTable& scalar = cpu::cpu_kernels(CpuIsa::scalar);
+  EXPECT_EQ(scalar.isa, CpuIsa::scalar);
+  for (const GgmlTypeTraits& g : kGgmlTypeTable) {
+    EXPECT_EQ(scalar.dot(g.type), quant_traits(g.type).vec_dot) << g.name;
+  }
+  EXPECT_EQ(scalar.quantize(GgmlType::q8_k), quant_traits(GgmlType::q8_k).from_float);
+  for_each_isa([&](const KernelTable& k) {
+    for (const GgmlTypeTraits& g : kGgmlTypeTable) {
+      const QuantTraits& t = quant_traits(g.type);
+      EXPECT_EQ(k.dot(g.type) != nullptr, t.vec_dot != nullptr) << g.name;
+      if (t.supported && t.vec_dot_type != GgmlType::f32) {
+        EXPECT_NE(k.quantize(t.vec_dot_type), nullptr) << g.name;
+      }
+    }
+    for (GgmlType type : kSimdTypes) EXPECT_NE(k.dot(type), quant_traits(type).vec_dot) << quant_traits(type).name;
+    EXPECT_NE(k.quantize(GgmlType::q8_k), quant_traits(GgmlType::q8_k).from_float);
+    EXPECT_NE(k.quantize(GgmlType::q8_0), quant_traits(GgmlType::q8_0).from_float);
+    if (k.isa == CpuIsa::avx512) {
+      const KernelTable& avx2 = cpu::cpu_kernels(CpuIsa::avx2);
+      for (GgmlType type : kSimdTypes) EXPECT_NE(k.dot(type), avx2.dot(type)) << quant_traits(type).name;
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// activation quantizers: bit-identical blocks
+
+void expect_same_bytes(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want, const char* what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != want[i]) {
+      ADD_FAILURE() << what << ": byte " << i << " differs: " << int(got[i]) << " vs reference " << int(want[i]);
+      return;
+    }
+  }
+}
+
+// Rows for the quantizers: random activations; rows whose scale is exactly 1 and whose values
+// are exact halves (ties: Q8_K rounds them to even, Q8_0 away from zero); the largest magnitude
+// twice with both signs (Q8_K takes the first one's sign); tiny values (subnormal fp16 scale);
+// zeros.
+std::vector<std::vector<float>> quantizer_rows(Rng& rng, int64_t n, GgmlType act_type) {
+  std::vector<std::vector<float>> rows;
+  rows.push_back(rng.activations(n));
+  std::vector<float> ties(static_cast<size_t>(n));
+  const int block = int(quant_traits(act_type).block_size);
+  for (size_t i = 0; i < ties.size(); ++i) {
+    ties[i] = float(rng.int_in(-126, 125)) + 0.5f;
+    // Q8_K: max = -127 gives iscale = 1; Q8_0: amax = 127 gives d = 1
+    if (i % size_t(block) == 0) ties[i] = act_type == GgmlType::q8_k ? -127.0f : 127.0f;
+  }
+  rows.push_back(ties);
+  std::vector<float> two_signs = rng.activations(n);
+  for (size_t i = 0; i < two_signs.size(); i += size_t(block)) {
+    two_signs[i + 3] = 100.0f;
+    two_signs[i + size_t(block) - 2] = -100.0f;
+  }
+  rows.push_back(two_signs);
+  std::vector<float> tiny = rng.activations(n);
+  for (float& v : tiny) v *= 1e-9f;
+  rows.push_back(tiny);
+  std::vector<float> mixed = rng.activations(n);
+  for (size_t i = 0; i < size_t(block); ++i) mixed[i] = 0.0f;  // first block all zeros
+  rows.push_back(mixed);
+  return rows;
+}
+
+TEST(SimdQuantize, Q8KBlocksBitIdentical) {
+  SEED_TRACE();
+  Rng rng(101);
+  for_each_isa([&](const KernelTable& k) {
+    for (int64_t n : kLengths) {
+      for (const auto& x : quantizer_rows(rng, n, GgmlType::q8_k)) {
+        const std::vector<uint8_t> want = quantize_reference(GgmlType::q8_k, x);
+        std::vector<uint8_t> got(want.size(), 0xAB);
+        k.quantize(GgmlType::q8_k)(x.data(), got.data(), n);
+        expect_same_bytes(got, want, ("q8_K n=" + std::to_string(n)).c_str());
+      }
+    }
+  });
+}
+
+TEST(SimdQuantize, Q80BlocksBitIdentical) {
+  SEED_TRACE();
+  Rng rng(102);
+  for_each_isa([&](const KernelTable& k) {
+    for (int64_t n : kLengths) {
+      for (const auto& x : quantizer_rows(rng, n, GgmlType::q8_0)) {
+        const std::vector<uint8_t> want = quantize_reference(GgmlType::q8_0, x);
+        std::vector<uint8_t> got(want.size(), 0xAB);
+        k.quantize(GgmlType::q8_0)(x.data(), got.data(), n);
+        expect_same_bytes(got, want, ("q8_0 n=" + std::to_string(n)).c_str());
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// dot products
+
+// Exact arithmetic: one power-of-two scale d per weight row (Q4_K / Q5_K: dmin = |d|), one per
+// activation row, activation quants in -3..3 (Q5_K: -1..1) and Q6_K sub-block scales in -31..31,
+// so that every partial sum, in either order, is an integer multiple of the product of the scales
+// below 2^24 times it (the test checks that premise: M / unit < 2^24). Then every float operation
+// of both the reference and the variant is exact, and the variant must equal the reference bit for
+// bit.
+TEST(SimdDot, ExactWhenFloatMathIsExact) {
+  SEED_TRACE();
+  Rng rng(103);
+  for_each_isa([&](const KernelTable& k) {
+    for (GgmlType type : kSimdTypes) {
+      const QuantTraits& t = quant_traits(type);
+      const QuantTraits& at = quant_traits(t.vec_dot_type);
+      const int qa_max = type == GgmlType::q5_k ? 1 : 3;
+      for (int64_t n : {256, 1024, 4096}) {
+        for (int rep = 0; rep < 4; ++rep) {
+          std::vector<uint8_t> w = random_weight_row(rng, type, n);
+          const ScaleFields f = scale_fields(type);
+          const int d_exp = -rng.int_in(2, 8);
+          const uint16_t d = f32_to_fp16(std::ldexp(rng.int_in(0, 1) ? 1.0f : -1.0f, d_exp));
+          const uint16_t dmin = f32_to_fp16(std::ldexp(1.0f, d_exp));
+          const uint8_t e = uint8_t(127 + 1 + d_exp);  // mxfp4: 2^(e - 128) = 2^d_exp
+          for (size_t i = 0; i < size_t(n / t.block_size); ++i) {
+            uint8_t* b = w.data() + i * t.type_size;
+            if (type == GgmlType::mxfp4) {
+              b[f.d] = e;
+            } else {
+              std::memcpy(b + f.d, &d, 2);
+              if (has_mins(type)) std::memcpy(b + f.dmin, &dmin, 2);
+            }
+            if (type == GgmlType::q6_k) {
+              auto* q = reinterpret_cast<block_q6_K*>(b);
+              for (int8_t& s : q->scales) s = int8_t(rng.int_in(-31, 31));
+            }
+          }
+          // activation blocks built directly: small quants, one power-of-two scale
+          std::vector<uint8_t> a(size_t(n / at.block_size) * at.type_size);
+          const int a_exp = -rng.int_in(0, 6);
+          const float ad = std::ldexp(1.0f, a_exp);
+          if (t.vec_dot_type == GgmlType::q8_k) {
+            auto* blocks = reinterpret_cast<block_q8_K*>(a.data());
+            for (int64_t i = 0; i < n / QK_K; ++i) {
+              blocks[i].d = ad;
+              for (int j = 0; j < QK_K / 16; ++j) {
+                int sum = 0;
+                for (int l = 0; l < 16; ++l) sum += blocks[i].qs[16 * j + l] = int8_t(rng.int_in(-qa_max, qa_max));
+                blocks[i].bsums[j] = int16_t(sum);
+              }
+            }
+          } else {
+            auto* blocks = reinterpret_cast<block_q8_0*>(a.data());
+            for (int64_t i = 0; i < n / QK8_0; ++i) {
+              blocks[i].d = f32_to_fp16(ad);
+              for (int8_t& q : blocks[i].qs) q = int8_t(rng.int_in(-qa_max, qa_max));
+            }
+          }
+          const double unit = std::ldexp(1.0, d_exp + a_exp);
+          ASSERT_LT(magnitude(type, w, a, n) / unit, std::ldexp(1.0, 24)) << t.name << ": premise";
+          const float want = t.vec_dot(n, w.data(), a.data());
+          const float got = k.dot(type)(n, w.data(), a.data());
+          EXPECT_EQ(f32_to_bits(got), f32_to_bits(want))
+              << t.name << " n=" << n << ": got " << got << ", reference " << want;
+        }
+      }
+    }
+  });
+}
+
+TEST(SimdDot, RandomRowsWithinFloatRounding) {
+  SEED_TRACE();
+  Rng rng(104);
+  for_each_isa([&](const KernelTable& k) {
+    for (GgmlType type : kSimdTypes) {
+      const GgmlType act = quant_traits(type).vec_dot_type;
+      for (int64_t n : kLengths) {
+        for (int rep = 0; rep < 4; ++rep) {
+          const std::vector<uint8_t> w = random_weight_row(rng, type, n);
+          const std::vector<uint8_t> a = quantize_reference(act, rng.activations(n));
+          expect_variant_matches(k, type, w, a, n, "random");
+        }
+      }
+    }
+  });
+}
+
+// Largest quants and sub-block scales against activations at +-127 (same sign, then alternating):
+// the widest intermediate sums the kernels can meet.
+TEST(SimdDot, ExtremeQuantsWithinFloatRounding) {
+  SEED_TRACE();
+  Rng rng(105);
+  for_each_isa([&](const KernelTable& k) {
+    for (GgmlType type : kSimdTypes) {
+      const GgmlType act = quant_traits(type).vec_dot_type;
+      for (int64_t n : {256, 4096}) {
+        const std::vector<uint8_t> w = extreme_weight_row(rng, type, n);
+        std::vector<float> same(static_cast<size_t>(n), -1.0f), alternating(static_cast<size_t>(n));
+        for (size_t i = 0; i < alternating.size(); ++i) alternating[i] = (i % 2) ? 1.0f : -1.0f;
+        for (const auto& x : {same, alternating}) {
+          const std::vector<uint8_t> a = quantize_reference(act, x);
+          expect_variant_matches(k, type, w, a, n, "extreme");
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+}  // namespace strata
