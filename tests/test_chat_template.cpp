@@ -15,7 +15,12 @@ constexpr const char* kDeepSeek3 =
     "{{bos_token}}{{ns.system_prompt}}{%- if message['role'] == 'user' %}{{'<｜User｜>' + "
     "message['content']}}{%- endif %}{{'<｜Assistant｜>'}}";
 
+constexpr const char* kHarmony =
+    "{{- '<|start|>system<|message|>' }}{%- if message.role == 'assistant' %}{{- '<|start|>assistant"
+    "<|channel|>final<|message|>' + message.content + '<|end|>' }}";
+
 TEST(ChatTemplate, DetectsFamilies) {
+  EXPECT_EQ(*detect_chat_format(kHarmony), ChatFormat::harmony);
   EXPECT_EQ(*detect_chat_format(kQwen3), ChatFormat::qwen3);
   EXPECT_EQ(*detect_chat_format(kQwen2), ChatFormat::chatml);
   EXPECT_EQ(*detect_chat_format(kDeepSeek3), ChatFormat::deepseek3);
@@ -42,10 +47,22 @@ TEST(ChatTemplate, DeepSeek3MultiTurn) {
             "<｜begin▁of▁sentence｜>S<｜User｜>a<｜Assistant｜>b<｜end▁of▁sentence｜><｜User｜>c<｜Assistant｜>");
 }
 
+TEST(ChatTemplate, HarmonyTurns) {
+  std::vector<ChatMessage> m = {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello"}, {"user", "?"}};
+  const std::string p = format_chat(ChatFormat::harmony, m, {.reasoning = "low"});
+  EXPECT_EQ(p.rfind("<|start|>system<|message|>", 0), 0u);
+  EXPECT_NE(p.find("Reasoning: low"), std::string::npos);
+  EXPECT_NE(p.find("<|start|>developer<|message|># Instructions\n\nBe brief.<|end|>"), std::string::npos);
+  const std::string tail =
+      "<|start|>user<|message|>Hi<|end|><|start|>assistant<|channel|>final<|message|>Hello<|end|>"
+      "<|start|>user<|message|>?<|end|><|start|>assistant";
+  EXPECT_EQ(p.substr(p.size() - tail.size()), tail);
+}
+
 TEST(ChatTemplate, EachTurnExtendsThePreviousPrompt) {
   // strata chat relies on this to keep the KV cache between turns
   std::vector<ChatMessage> m = {{"user", "a"}};
-  for (ChatFormat f : {ChatFormat::chatml, ChatFormat::deepseek3, ChatFormat::raw}) {
+  for (ChatFormat f : {ChatFormat::chatml, ChatFormat::deepseek3, ChatFormat::harmony, ChatFormat::raw}) {
     std::string before = format_chat(f, m, {.add_generation_prompt = true});
     auto m2 = m;
     m2.push_back({"assistant", "b"});

@@ -113,7 +113,7 @@ Runner add_chat_command(CLI::App& app) {
   auto o = std::make_shared<ChatCliOptions>();
   sub->add_option("-m,--model", o->model, "GGUF model (default: the bundled tiny qwen3moe)");
   sub->add_option("-s,--system", o->system, "system message");
-  sub->add_option("--template", o->template_name, "chat format instead of the GGUF's: qwen3, chatml, deepseek3, raw");
+  sub->add_option("--template", o->template_name, "chat format instead of the GGUF's: qwen3, chatml, deepseek3, harmony, raw");
   sub->add_flag("--raw", o->raw, "no template: turns are concatenated as raw text");
   sub->add_flag("--no-think", o->no_think, "qwen3: answer without a thinking block");
   sub->add_option("-n,--n-predict", o->gen.n_predict, "most tokens per reply")->check(CLI::PositiveNumber);

@@ -7,6 +7,10 @@
 //  - chatml (Qwen2 and others without <think>): the same without the think block.
 //  - deepseek3 (DeepSeek V3 / R1): <｜begin▁of▁sentence｜>system<｜User｜>u<｜Assistant｜>a
 //    <｜end▁of▁sentence｜>...<｜Assistant｜>; R1's templates open the reply with "<think>\n".
+//  - harmony (gpt-oss): <|start|>system<|message|>...<|end|> with the model's identity, reasoning
+//    effort and channels, then <|start|>user<|message|>u<|end|>, past replies as
+//    <|start|>assistant<|channel|>final<|message|>a<|end|>, and <|start|>assistant to reply.
+//    (The real template's knowledge-cutoff / date lines and tool sections are left out.)
 //  - raw: the turns' contents concatenated, for models without a template.
 #pragma once
 
@@ -18,7 +22,7 @@
 
 namespace strata {
 
-enum class ChatFormat { raw, chatml, qwen3, deepseek3 };
+enum class ChatFormat { raw, chatml, qwen3, deepseek3, harmony };
 
 struct ChatMessage {
   std::string role;  // "system", "user" or "assistant"
@@ -34,6 +38,7 @@ std::string_view chat_format_name(ChatFormat f);
 struct ChatOptions {
   bool add_generation_prompt = true;  // end with the assistant header
   bool thinking = true;               // qwen3: false adds the empty think block
+  const char* reasoning = "medium";   // harmony: reasoning effort (low, medium, high)
 };
 
 // The prompt text of `messages`; special tokens are spelled out (tokenize with parse_special).
