@@ -80,6 +80,15 @@ const GgmlType kSimdTypes[] = {GgmlType::q4_0, GgmlType::q5_0, GgmlType::q8_0, G
                                GgmlType::mxfp4, GgmlType::q4_k, GgmlType::q5_k, GgmlType::q6_k};
 
 const int64_t kLengths[] = {256, 1024, 4096, 11008};  // 11008 = 43 * 256: not a power of two
+// Extra lengths for the 32-element formats, whose kernels take blocks four at a time: 1, 3 and
+// 67 blocks leave every remainder of that.
+const int64_t kShortLengths[] = {32, 96, 2144};
+
+std::vector<int64_t> lengths_for(GgmlType type, std::initializer_list<int64_t> base) {
+  std::vector<int64_t> v(base);
+  if (quant_traits(type).block_size == 32) v.insert(v.end(), std::begin(kShortLengths), std::end(kShortLengths));
+  return v;
+}
 
 bool has_mins(GgmlType t) { return t == GgmlType::q4_k || t == GgmlType::q5_k; }
 
@@ -384,7 +393,7 @@ TEST(SimdDot, ExactWhenFloatMathIsExact) {
       const QuantTraits& t = quant_traits(type);
       const QuantTraits& at = quant_traits(t.vec_dot_type);
       const int qa_max = type == GgmlType::q5_k ? 1 : 3;
-      for (int64_t n : {256, 1024, 4096}) {
+      for (int64_t n : lengths_for(type, {256, 1024, 4096})) {
         for (int rep = 0; rep < 4; ++rep) {
           std::vector<uint8_t> w = random_weight_row(rng, type, n);
           const ScaleFields f = scale_fields(type);
@@ -444,7 +453,7 @@ TEST(SimdDot, RandomRowsWithinFloatRounding) {
   for_each_isa([&](const KernelTable& k) {
     for (GgmlType type : kSimdTypes) {
       const GgmlType act = quant_traits(type).vec_dot_type;
-      for (int64_t n : kLengths) {
+      for (int64_t n : lengths_for(type, {256, 1024, 4096, 11008})) {
         for (int rep = 0; rep < 4; ++rep) {
           const std::vector<uint8_t> w = random_weight_row(rng, type, n);
           const std::vector<uint8_t> a = quantize_reference(act, rng.activations(n));
@@ -463,7 +472,7 @@ TEST(SimdDot, ExtremeQuantsWithinFloatRounding) {
   for_each_isa([&](const KernelTable& k) {
     for (GgmlType type : kSimdTypes) {
       const GgmlType act = quant_traits(type).vec_dot_type;
-      for (int64_t n : {256, 4096}) {
+      for (int64_t n : lengths_for(type, {256, 4096})) {
         const std::vector<uint8_t> w = extreme_weight_row(rng, type, n);
         std::vector<float> same(static_cast<size_t>(n), -1.0f), alternating(static_cast<size_t>(n));
         for (size_t i = 0; i < alternating.size(); ++i) alternating[i] = (i % 2) ? 1.0f : -1.0f;

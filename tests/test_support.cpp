@@ -56,8 +56,8 @@ fs::path scratch_dir(const std::string& name) {
   return p;
 }
 
-int run_cli(const std::string& args, std::string* output) {
-  std::string cmd = std::string("\"") + STRATA_CLI_PATH + "\" " + args + " 2>&1";
+int run_cli(const std::string& args, std::string* output, bool stdout_only) {
+  std::string cmd = std::string("\"") + STRATA_CLI_PATH + "\" " + args + (stdout_only ? " 2>/dev/null" : " 2>&1");
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) throw std::runtime_error("popen failed");
   std::string out;

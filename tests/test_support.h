@@ -22,7 +22,8 @@ void write_file(const std::filesystem::path& p, const std::vector<uint8_t>& byte
 // A fresh empty directory under the build tree for one test.
 std::filesystem::path scratch_dir(const std::string& name);
 
-// Runs the strata executable with `args`, returns its exit code; stdout+stderr into `output`.
-int run_cli(const std::string& args, std::string* output);
+// Runs the strata executable with `args`, returns its exit code; stdout (and stderr unless
+// stdout_only) into `output`.
+int run_cli(const std::string& args, std::string* output, bool stdout_only = false);
 
 }  // namespace strata::test

@@ -79,7 +79,8 @@ int run_logits(const LogitsOptions& o) {
     std::string line;
     for (int i = 0; i < o.greedy; ++i) {
       const int32_t tok = argmax(last);
-      line += (i ? " " : "") + std::to_string(tok);
+      if (i) line += ' ';
+      line += std::to_string(tok);
       auto l = s.eval(std::span<const int32_t>(&tok, 1));
       if (!l) return fail("logits", l.error().message);
       next_logits = std::move(*l);
@@ -106,7 +107,10 @@ int run_tokenize(const TokenizeOptions& o) {
   if (!tok) return fail("tokenize", tok.error().message);
   const std::vector<TokenId> ids = tok->tokenize(ss.str(), /*add_special=*/false, /*parse_special=*/false);
   std::string line;
-  for (size_t i = 0; i < ids.size(); ++i) line += (i ? " " : "") + std::to_string(ids[i]);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) line += ' ';
+    line += std::to_string(ids[i]);
+  }
   std::printf("%s\n", line.c_str());
   return 0;
 }

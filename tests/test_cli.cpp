@@ -1,0 +1,119 @@
+// The strata executable as a user meets it: the main commands on the bundled model, and the
+// one-line errors of issue #3's done-when (missing model, unsupported architecture, prompt longer
+// than the context).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "gguf_builder.h"
+#include "test_support.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+
+int lines(const std::string& s) { return int(std::count(s.begin(), s.end(), '\n')); }
+
+TEST(Cli, RunOnBundledModelStreamsAndReportsSpeed) {
+  std::string out;
+  ASSERT_EQ(test::run_cli("run -n 6 --temp 0 -p \"Hello world\"", &out, true), 0) << out;
+  EXPECT_EQ(out.rfind("Hello world", 0), 0u) << out;  // stdout: the prompt, then the generated text
+  ASSERT_EQ(test::run_cli("run -n 6 --temp 0 -p \"Hello world\"", &out), 0) << out;
+  EXPECT_NE(out.find("prefill"), std::string::npos) << out;
+  EXPECT_NE(out.find("decode 6 tokens"), std::string::npos) << out;
+  EXPECT_NE(out.find("time to first token"), std::string::npos) << out;
+}
+
+TEST(Cli, RunIsReproducibleWithASeed) {
+  std::string a, b;
+  ASSERT_EQ(test::run_cli("run -n 12 --seed 5 --temp 1", &a, true), 0);
+  ASSERT_EQ(test::run_cli("run -n 12 --seed 5 --temp 1", &b, true), 0);
+  EXPECT_EQ(a, b);
+}
+
+TEST(Cli, MissingModelIsAOneLineError) {
+  std::string out;
+  EXPECT_EQ(test::run_cli("run -m /nonexistent/model.gguf", &out), 1);
+  EXPECT_EQ(lines(out), 1) << out;
+  EXPECT_NE(out.find("/nonexistent/model.gguf: cannot open"), std::string::npos) << out;
+}
+
+TEST(Cli, UnsupportedArchitectureIsAOneLineError) {
+  test::RawGguf g;
+  g.header(3, 1, 2).kv_str("general.architecture", "rwkv7").kv_u32("rwkv7.block_count", 1);
+  g.tensor("token_embd.weight", {32, 4}, 0, 0).data(512);
+  auto path = test::scratch_dir("cli") / "rwkv.gguf";
+  test::write_file(path, g.bytes);
+  std::string out;
+  EXPECT_EQ(test::run_cli("run -m \"" + path.string() + "\"", &out), 1);
+  EXPECT_EQ(lines(out), 1) << out;
+  EXPECT_NE(out.find("architecture 'rwkv7' is not supported"), std::string::npos) << out;
+}
+
+TEST(Cli, PromptLongerThanContextIsAOneLineError) {
+  std::string out;
+  EXPECT_EQ(test::run_cli("run -c 4 -p \"one two three four five six seven\"", &out), 1);
+  EXPECT_NE(out.find("more than the context of 4"), std::string::npos) << out;
+  // one error line after the load line
+  EXPECT_EQ(lines(out), 2) << out;
+}
+
+// strata logits writes the fixtures' format; --exact reproduces llama.cpp's exact logits.
+TEST(Cli, LogitsExactMatchesVendoredReference) {
+  const fs::path dir = test::data_dir() / "models" / "qwen3moe";
+  const fs::path out_path = test::scratch_dir("cli-logits") / "out.f32";
+  std::string out;
+  ASSERT_EQ(test::run_cli("logits -m \"" + (dir / "model-Q4_K_M.gguf").string() + "\" --tokens \"" +
+                              (dir / "tokens.json").string() + "\" -o \"" + out_path.string() +
+                              "\" --exact --sequential --greedy 4",
+                          &out, true),
+            0)
+      << out;
+  auto got = test::read_file(out_path);
+  auto want = test::read_file(dir / "logits-Q4_K_M.exact.f32");
+  ASSERT_EQ(got.size(), want.size());
+  const float* g = reinterpret_cast<const float*>(got.data());
+  const float* w = reinterpret_cast<const float*>(want.data());
+  float max_diff = 0;
+  for (size_t i = 0; i < got.size() / 4; ++i) max_diff = std::max(max_diff, std::abs(g[i] - w[i]));
+  EXPECT_LT(max_diff, 1e-3f);
+  // one line of 4 greedy ids
+  const std::string first = out.substr(0, out.find('\n'));
+  EXPECT_EQ(std::count(first.begin(), first.end(), ' '), 3) << out;
+}
+
+TEST(Cli, TokenizeMatchesFixtureIds) {
+  const fs::path dir = test::data_dir() / "models" / "qwen3moe";
+  std::ifstream in(dir / "tokens.json");
+  auto j = nlohmann::json::parse(in);
+  const fs::path text = test::scratch_dir("cli-tok") / "text.txt";
+  const std::string s = j["text"].get<std::string>();
+  test::write_file(text, std::vector<uint8_t>(s.begin(), s.end()));
+  std::string out;
+  ASSERT_EQ(test::run_cli("tokenize -m \"" + (dir / "model-Q4_K_M.gguf").string() + "\" -f \"" +
+                              text.string() + "\"",
+                          &out, true),
+            0);
+  std::string want;
+  for (int id : j["text_ids"].get<std::vector<int>>()) {
+    if (!want.empty()) want += ' ';
+    want += std::to_string(id);
+  }
+  EXPECT_EQ(out, want + "\n");
+}
+
+TEST(Cli, ChatReadsTurnsFromStdin) {
+  std::string out;
+  ASSERT_EQ(test::run_cli("chat -n 4 --temp 0 < /dev/null", &out), 0) << out;
+  const fs::path turns = test::scratch_dir("cli-chat") / "turns.txt";
+  const std::string t = "Hello\nAnd then?\n";
+  test::write_file(turns, std::vector<uint8_t>(t.begin(), t.end()));
+  ASSERT_EQ(test::run_cli("chat -n 4 --temp 0 --template qwen3 < \"" + turns.string() + "\"", &out), 0) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '['), 2) << out;  // one "[N tokens, ...]" per turn
+}
+
+}  // namespace
+}  // namespace strata
