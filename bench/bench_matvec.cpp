@@ -5,9 +5,10 @@
 // split statically over all OpenMP threads), with the variant's table instead of the start-up one;
 // BM_matmul_backend runs CpuBackend::matmul itself for comparison.
 //
-// Counters: GBps = weight bytes read per second (1e9 B/s); bw_frac = GBps / the streaming-read
-// bandwidth of this machine, measured once in the same process with the same threads (dram_GBps,
-// as bench_memory.cpp's BM_dram_read measures it).
+// Counters: GBps = weight bytes read per second of wall time (1e9 B/s); bw_frac = GBps / the
+// streaming-read bandwidth of this machine with the same threads, measured just before each
+// benchmark (dram_GBps: best of 5 passes over 512 MiB, read as bench_memory.cpp's BM_dram_read
+// reads).
 //
 //   build/bench/strata_bench --benchmark_filter=matvec
 #include <benchmark/benchmark.h>
@@ -39,14 +40,20 @@ constexpr size_t kPoolBytes = size_t(256) << 20;  // several times any L3 of a 2
 
 // ---- memory-bandwidth probe (as bench_memory.cpp: all threads stream a 512 MiB buffer) ----
 
+// Best of five passes over 512 MiB. The machines this runs on are shared (and virtual): their
+// bandwidth drifts by tens of percent within minutes, so every benchmark measures it again just
+// before its timed loop, and bw_frac compares numbers taken seconds apart.
 double measure_dram_gbps() {
   const size_t n = (size_t(512) << 20) / 8;
-  auto* data = static_cast<uint64_t*>(std::aligned_alloc(4096, n * 8));
+  static uint64_t* data = [n] {
+    auto* d = static_cast<uint64_t*>(std::aligned_alloc(4096, n * 8));
 #pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < n; ++i) data[i] = i * 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < n; ++i) d[i] = i * 0x9e3779b97f4a7c15ull;
+    return d;
+  }();
   double best = 0;
   uint64_t sink = 0;
-  for (int rep = 0; rep < 8; ++rep) {
+  for (int rep = 0; rep < 5; ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
     uint64_t sum = 0;
 #pragma omp parallel for schedule(static) reduction(^ : sum)
@@ -59,13 +66,7 @@ double measure_dram_gbps() {
     best = std::max(best, double(n * 8) / s / 1e9);
   }
   benchmark::DoNotOptimize(sink);
-  std::free(data);
   return best;
-}
-
-double dram_gbps() {
-  static const double gbps = measure_dram_gbps();
-  return gbps;
 }
 
 // ---- weight pools ----
@@ -150,13 +151,18 @@ std::vector<float> activations(int64_t n) {
   return x;
 }
 
-void set_counters(benchmark::State& state, size_t bytes_per_iter) {
-  const double bytes = double(bytes_per_iter) * double(state.iterations());
-  state.counters["GBps"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsRate);
-  // bw_frac: GBps / dram_GBps, both rates over the same real time
-  state.counters["bw_frac"] = benchmark::Counter(bytes / 1e9 / dram_gbps(), benchmark::Counter::kIsRate);
-  state.counters["dram_GBps"] = dram_gbps();
+// The counters from the bytes read and the wall time of the timed loop (measured here, so that
+// they are plain numbers, not Google Benchmark's per-second rates).
+void set_counters(benchmark::State& state, size_t bytes_per_iter, double seconds, double dram_gbps) {
+  const double gbps = double(bytes_per_iter) * double(state.iterations()) / seconds / 1e9;
+  state.counters["GBps"] = gbps;
+  state.counters["bw_frac"] = gbps / dram_gbps;
+  state.counters["dram_GBps"] = dram_gbps;
   state.counters["threads"] = omp_get_max_threads();
+}
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // y = W x with the kernels of one ISA, as matmul_quantized does it.
@@ -165,8 +171,8 @@ void BM_matvec(benchmark::State& state, GgmlType type, CpuIsa isa, int64_t n_in,
     state.SkipWithError("this CPU lacks the ISA");
     return;
   }
-  dram_gbps();  // measured before the pool exists, on an idle cache
   const Pool& p = pool(type, n_in, n_out);
+  const double dram = measure_dram_gbps();
   const cpu::KernelTable& k = cpu::cpu_kernels(isa);
   const QuantTraits& qt = quant_traits(type);
   const VecDotFn vec_dot = k.dot(type);
@@ -175,6 +181,7 @@ void BM_matvec(benchmark::State& state, GgmlType type, CpuIsa isa, int64_t n_in,
   std::vector<uint8_t> xq(ggml_row_bytes(qt.vec_dot_type, uint64_t(n_in)));
   std::vector<float> y(static_cast<size_t>(n_out));
   int64_t next = 0;
+  const double t0 = now_seconds();
   for (auto _ : state) {
     const Weight w = p.matrix(next++);
     quantize(x.data(), xq.data(), n_in);
@@ -183,23 +190,24 @@ void BM_matvec(benchmark::State& state, GgmlType type, CpuIsa isa, int64_t n_in,
     for (int64_t r = 0; r < n_out; ++r) y[size_t(r)] = vec_dot(n_in, w.row(r), a);
     benchmark::DoNotOptimize(y.data());
   }
-  set_counters(state, p.mat_bytes);
+  set_counters(state, p.mat_bytes, now_seconds() - t0, dram);
   state.SetLabel(std::string(qt.name) + " " + std::string(cpu::isa_name(isa)));
 }
 
 // The same through CpuBackend::matmul (quantized path, the start-up ISA).
 void BM_matmul_backend(benchmark::State& state, GgmlType type, int64_t n_in, int64_t n_out) {
-  dram_gbps();
   const Pool& p = pool(type, n_in, n_out);
+  const double dram = measure_dram_gbps();
   const cpu::CpuBackend backend(cpu::MatmulPath::quantized);
   const std::vector<float> x = activations(n_in);
   std::vector<float> y(static_cast<size_t>(n_out));
   int64_t next = 0;
+  const double t0 = now_seconds();
   for (auto _ : state) {
     backend.matmul(p.matrix(next++), x.data(), 1, y.data());
     benchmark::DoNotOptimize(y.data());
   }
-  set_counters(state, p.mat_bytes);
+  set_counters(state, p.mat_bytes, now_seconds() - t0, dram);
   state.SetLabel(std::string(quant_traits(type).name) + " " + std::string(cpu::isa_name()));
 }
 

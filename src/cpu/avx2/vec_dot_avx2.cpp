@@ -11,40 +11,20 @@
 // accumulation is spread over lanes; the result differs from the reference by float rounding
 // only (tests/test_simd_kernels.cpp).
 //
-// Compiled with -mavx2 -mfma -mf16c; called only when the CPU has them. Rule for this directory:
-// no inline function or template from shared headers is used here (the compiler could emit an
-// out-of-line copy built with these flags that the linker then picks for scalar code), so the
-// half-float conversion and the MXFP4 scale are local.
+// Compiled with -mavx2 -mfma -mf16c; called only when the CPU has them. No inline function or
+// template of the shared headers is used here (see simd_common.h).
 #include <immintrin.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
+#include "cpu/avx2/simd_common.h"
 #include "cpu/kernels.h"
 #include "cpu/quant_blocks.h"
 
 namespace strata::cpu {
 namespace {
-
-inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
-
-// 2^(e - 128): half the E8M0 value (as e8m0_to_f32_half in quant_blocks.h).
-inline float e8m0_half(uint8_t e) {
-  const uint32_t bits = e < 2 ? (0x00200000u << e) : (uint32_t(e - 1) << 23);
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-inline float hsum(__m256 v) {
-  __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-  r = _mm_add_ss(r, _mm_movehdup_ps(r));
-  return _mm_cvtss_f32(r);
-}
-
-inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-inline __m128i load16(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
 
 // Sum of x * y over pairs of signed bytes, as 8 int32 (x may be -128, y must not be).
 inline __m256i dot_i8(__m256i x, __m256i y) {
@@ -53,95 +33,186 @@ inline __m256i dot_i8(__m256i x, __m256i y) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
 }
 
-// The 32 nibbles of a 32-element block in element order: low nibbles (elements 0..15), then
-// high nibbles (16..31).
-inline __m256i nibbles_32(const uint8_t* qs) {
-  const __m128i t = load16(qs);
-  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
-}
+// ---- Q8_0 x Q8_0: one block per register, two blocks per iteration ----
 
-// Byte j is 0xFF where bit j of the little-endian 32 bits at p is set, else 0 (ggml's
-// bytes_from_bits_32).
-inline __m256i bytes_from_bits_32(const uint8_t* p) {
-  uint32_t bits;
-  std::memcpy(&bits, p, 4);
-  const __m256i shuffle = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                            0x0101010101010101, 0x0000000000000000);
-  __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(int(bits)), shuffle);
-  bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
-  return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
-}
-
-// ---- 32-element formats x Q8_0 ----
-// Two blocks per iteration into two accumulators (the FMA latency is the loop's critical path).
-
-template <class Block, __m256i (*Quants)(const Block&), float (*Scale)(const Block&)>
-float vec_dot_32(int64_t n, const void* vw, const void* va) {
-  const auto* w = static_cast<const Block*>(vw);
+float vec_dot_q8_0_q8_0(int64_t n, const void* vw, const void* va) {
+  const auto* w = static_cast<const block_q8_0*>(vw);
   const auto* a = static_cast<const block_q8_0*>(va);
   const int64_t nb = n / 32;
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 2 <= nb; i += 2) {
-    const __m256i p0 = dot_i8(Quants(w[i]), load32(a[i].qs));
-    const __m256i p1 = dot_i8(Quants(w[i + 1]), load32(a[i + 1].qs));
-    const float d0 = Scale(w[i]) * half_to_float(a[i].d);
-    const float d1 = Scale(w[i + 1]) * half_to_float(a[i + 1].d);
+    const __m256i p0 = dot_i8(load32(w[i].qs), load32(a[i].qs));
+    const __m256i p1 = dot_i8(load32(w[i + 1].qs), load32(a[i + 1].qs));
+    const float d0 = half_to_float(w[i].d) * half_to_float(a[i].d);
+    const float d1 = half_to_float(w[i + 1].d) * half_to_float(a[i + 1].d);
     acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d0), _mm256_cvtepi32_ps(p0), acc0);
     acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d1), _mm256_cvtepi32_ps(p1), acc1);
   }
   if (i < nb) {
-    const __m256i p0 = dot_i8(Quants(w[i]), load32(a[i].qs));
-    const float d0 = Scale(w[i]) * half_to_float(a[i].d);
+    const __m256i p0 = dot_i8(load32(w[i].qs), load32(a[i].qs));
+    const float d0 = half_to_float(w[i].d) * half_to_float(a[i].d);
     acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d0), _mm256_cvtepi32_ps(p0), acc0);
   }
   return hsum(_mm256_add_ps(acc0, acc1));
 }
 
-template <class Block>
-float half_scale(const Block& b) { return half_to_float(b.d); }
-float mxfp4_scale(const block_mxfp4& b) { return e8m0_half(b.e); }
+// ---- 4-bit formats x Q8_0: two blocks per register, four blocks per iteration ----
+//
+// A register holds the same half of two blocks: lo = [block 0 elements 0..15 | block 1 elements
+// 0..15] (the low nibbles), hi = elements 16..31 (the high nibbles), so the nibbles need no
+// cross-lane shuffle; the activations are loaded to match. Int32 lanes 0..3 are block 0's, 4..7
+// block 1's. Four blocks' float scales are converted together.
+//
+// Quants are unsigned where vpmaddubsw allows it: the stored value q and an offset (Q4_0: 8,
+// Q5_0: 16, MXFP4: its codebook shifted by 12), sum (q - offset) a = sum q a - sum offset a, both
+// in int16 without saturation (at most 2 * 31 * 127 per pair, and twice that for the two halves).
+// IQ4_NL's codebook (-127..113) would saturate that way and takes the sign trick of dot_i8.
 
-__m256i quants_q8_0(const block_q8_0& b) { return load32(b.qs); }
-__m256i quants_q4_0(const block_q4_0& b) {
-  return _mm256_sub_epi8(nibbles_32(b.qs), _mm256_set1_epi8(8));
+struct Halves {
+  __m256i lo, hi;
+};
+
+// The nibbles of two blocks' 16 quant bytes, as the lo / hi registers above.
+inline Halves nibbles_2x32(const uint8_t* qs0, const uint8_t* qs1) {
+  const __m256i t = _mm256_inserti128_si256(_mm256_castsi128_si256(load16(qs0)), load16(qs1), 1);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  return {_mm256_and_si256(t, m4), _mm256_and_si256(_mm256_srli_epi16(t, 4), m4)};
 }
-__m256i quants_q5_0(const block_q5_0& b) {
-  // the nibble, minus 16 where the fifth bit is clear: OR-ing 0xF0 into a nibble is n - 16
-  const __m256i high = _mm256_andnot_si256(bytes_from_bits_32(b.qh), _mm256_set1_epi8(char(0xF0)));
-  return _mm256_or_si256(nibbles_32(b.qs), high);
+
+// The activations of two blocks as lo / hi registers.
+inline Halves activations_2x32(const block_q8_0& a0, const block_q8_0& a1) {
+  return {_mm256_inserti128_si256(_mm256_castsi128_si256(load16(a0.qs)), load16(a1.qs), 1),
+          _mm256_inserti128_si256(_mm256_castsi128_si256(load16(a0.qs + 16)), load16(a1.qs + 16), 1)};
 }
-__m256i quants_iq4_nl(const block_iq4_nl& b) {
-  const __m256i table = _mm256_broadcastsi128_si256(load16(kvalues_iq4nl));
-  return _mm256_shuffle_epi8(table, nibbles_32(b.qs));
+
+// The fifth bits of two Q5_0 blocks (bit j of qh: element j) as 0 / 16 bytes in the lo / hi
+// layout: lo lane k holds bits 0..15 of block k's qh, hi lane k bits 16..31.
+inline Halves fifth_bits_2x32(uint32_t qh0, uint32_t qh1) {
+  const __m256i v = _mm256_set1_epi64x(int64_t(uint64_t(qh0) | (uint64_t(qh1) << 32)));
+  // byte b of the 64 bits to bytes 8 (b % 2) .. 8 (b % 2) + 7 of the lane
+  const __m256i lo = _mm256_shuffle_epi8(
+      v, _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0404040404040404, 0x0505050505050505));
+  const __m256i hi = _mm256_shuffle_epi8(
+      v, _mm256_setr_epi64x(0x0202020202020202, 0x0303030303030303, 0x0606060606060606, 0x0707070707070707));
+  const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
+  const __m256i sixteen = _mm256_set1_epi8(16);
+  return {_mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(lo, bit), bit), sixteen),
+          _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hi, bit), bit), sixteen)};
 }
-__m256i quants_mxfp4(const block_mxfp4& b) {
-  const __m256i table = _mm256_broadcastsi128_si256(load16(kvalues_mxfp4));
-  return _mm256_shuffle_epi8(table, nibbles_32(b.qs));
+
+// sum of (q - kOffset) * a over pairs of bytes, in int16, for unsigned q.
+template <int kOffset>
+inline __m256i dot_pairs_offset(__m256i q, __m256i a) {
+  return _mm256_sub_epi16(_mm256_maddubs_epi16(q, a), _mm256_maddubs_epi16(_mm256_set1_epi8(kOffset), a));
+}
+
+inline __m256i pairs_to_int32(__m256i lo, __m256i hi) {
+  return _mm256_madd_epi16(_mm256_add_epi16(lo, hi), _mm256_set1_epi16(1));
+}
+
+struct Q4_0 {
+  using Block = block_q4_0;
+  static __m256i dot2(const Block& w0, const Block& w1, const Halves& a) {
+    const Halves q = nibbles_2x32(w0.qs, w1.qs);
+    return pairs_to_int32(dot_pairs_offset<8>(q.lo, a.lo), dot_pairs_offset<8>(q.hi, a.hi));
+  }
+};
+struct Q5_0 {
+  using Block = block_q5_0;
+  static __m256i dot2(const Block& w0, const Block& w1, const Halves& a) {
+    Halves q = nibbles_2x32(w0.qs, w1.qs);
+    uint32_t h0, h1;
+    std::memcpy(&h0, w0.qh, 4);
+    std::memcpy(&h1, w1.qh, 4);
+    // stored value 0..31: the nibble plus 16 where the fifth bit is set; offset 16
+    const Halves high = fifth_bits_2x32(h0, h1);
+    q.lo = _mm256_or_si256(q.lo, high.lo);
+    q.hi = _mm256_or_si256(q.hi, high.hi);
+    return pairs_to_int32(dot_pairs_offset<16>(q.lo, a.lo), dot_pairs_offset<16>(q.hi, a.hi));
+  }
+};
+struct Mxfp4 {
+  using Block = block_mxfp4;
+  static __m256i dot2(const Block& w0, const Block& w1, const Halves& a) {
+    // codebook + 12: 0..24
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_add_epi8(load16(kvalues_mxfp4), _mm_set1_epi8(12)));
+    const Halves q = nibbles_2x32(w0.qs, w1.qs);
+    return pairs_to_int32(dot_pairs_offset<12>(_mm256_shuffle_epi8(table, q.lo), a.lo),
+                          dot_pairs_offset<12>(_mm256_shuffle_epi8(table, q.hi), a.hi));
+  }
+};
+struct Iq4Nl {
+  using Block = block_iq4_nl;
+  static __m256i dot2(const Block& w0, const Block& w1, const Halves& a) {
+    const __m256i table = _mm256_broadcastsi128_si256(load16(kvalues_iq4nl));
+    const Halves q = nibbles_2x32(w0.qs, w1.qs);
+    return _mm256_add_epi32(dot_i8(_mm256_shuffle_epi8(table, q.lo), a.lo),
+                            dot_i8(_mm256_shuffle_epi8(table, q.hi), a.hi));
+  }
+};
+
+// The fp16 words at byte offsets 0, S, 2S, 3S of p (four consecutive blocks' d), as 4 floats.
+template <int S>
+inline __m128 halves_x4(const void* p) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  uint16_t h[4];
+  for (int k = 0; k < 4; ++k) std::memcpy(&h[k], b + k * S, 2);
+  __m128i v = _mm_cvtsi32_si128(h[0]);
+  v = _mm_insert_epi16(v, h[1], 1);
+  v = _mm_insert_epi16(v, h[2], 2);
+  v = _mm_insert_epi16(v, h[3], 3);
+  return _mm_cvtph_ps(v);
+}
+
+// The float scales of four consecutive weight blocks, and of one.
+template <class Block>
+inline __m128 scales_x4(const Block* w) {
+  static_assert(offsetof(Block, d) == 0);
+  return halves_x4<sizeof(Block)>(w);
+}
+// MXFP4: 2^(e - 128). e << 23 is the float 2^(e - 127) for e >= 1, halved exactly (into the
+// subnormal 2^-127 for e = 1); e = 0 gives 2^-128.
+template <>
+inline __m128 scales_x4<block_mxfp4>(const block_mxfp4* w) {
+  const __m128i e = _mm_setr_epi32(w[0].e, w[1].e, w[2].e, w[3].e);
+  const __m128 v = _mm_mul_ps(_mm_castsi128_ps(_mm_slli_epi32(e, 23)), _mm_set1_ps(0.5f));
+  const __m128 e_zero = _mm_castsi128_ps(_mm_cmpeq_epi32(e, _mm_setzero_si128()));
+  return _mm_blendv_ps(v, _mm_castsi128_ps(_mm_set1_epi32(0x00200000)), e_zero);
+}
+template <class Block>
+inline float scale_of(const Block& b) { return half_to_float(b.d); }
+template <>
+inline float scale_of<block_mxfp4>(const block_mxfp4& b) { return e8m0_half(b.e); }
+
+template <class F>
+float vec_dot_4bit(int64_t n, const void* vw, const void* va) {
+  using Block = typename F::Block;
+  const auto* w = static_cast<const Block*>(vw);
+  const auto* a = static_cast<const block_q8_0*>(va);
+  const int64_t nb = n / 32;
+  // lanes 0..3 take the scale of the register's first block, 4..7 of its second
+  const __m256i spread01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  const __m256i spread23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 4 <= nb; i += 4) {
+    const __m256 d = _mm256_castps128_ps256(_mm_mul_ps(scales_x4(w + i), halves_x4<sizeof(block_q8_0)>(a + i)));
+    const __m256i p0 = F::dot2(w[i], w[i + 1], activations_2x32(a[i], a[i + 1]));
+    const __m256i p1 = F::dot2(w[i + 2], w[i + 3], activations_2x32(a[i + 2], a[i + 3]));
+    acc0 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(d, spread01), _mm256_cvtepi32_ps(p0), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(d, spread23), _mm256_cvtepi32_ps(p1), acc1);
+  }
+  for (; i < nb; ++i) {
+    // one block: block i twice, the second copy's lanes with scale 0
+    const __m256i p = F::dot2(w[i], w[i], activations_2x32(a[i], a[i]));
+    const float d = scale_of(w[i]) * half_to_float(a[i].d);
+    acc0 = _mm256_fmadd_ps(_mm256_setr_ps(d, d, d, d, 0, 0, 0, 0), _mm256_cvtepi32_ps(p), acc0);
+  }
+  return hsum(_mm256_add_ps(acc0, acc1));
 }
 
 // ---- K formats x Q8_K ----
-
-// Q4_K / Q5_K: the 8 scales (bytes 0..7) and 8 mins (bytes 8..15) of the 12 packed bytes, as
-// scale_min_k4 of quant_ref.h defines them (ggml's kmask unpacking).
-inline __m128i unpack_scales_mins_k4(const uint8_t* packed) {
-  constexpr uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
-  uint32_t u[4];
-  std::memcpy(u, packed, 12);
-  u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
-  const uint32_t mins_low = u[1] & kmask1;
-  u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
-  u[2] = mins_low;
-  u[0] &= kmask1;
-  return _mm_set_epi32(int(u[3]), int(u[2]), int(u[1]), int(u[0]));
-}
-
-// Q4_K / Q5_K: sum over sub-blocks s of min_s * (bsums[2s] + bsums[2s + 1]) as 4 int32.
-inline __m128i mins_dot_bsums(__m256i scales_mins16, const int16_t* bsums) {
-  const __m256i b = load32(bsums);
-  const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
-  return _mm_madd_epi16(_mm256_extracti128_si256(scales_mins16, 1), pairs);
-}
 
 // int16 scale `s` of 8 (in both 128-bit lanes of `scales16`) broadcast to all 16 lanes.
 inline __m256i broadcast_scale(__m256i scales16, int s) {
@@ -153,14 +224,14 @@ float vec_dot_q4_K_q8_K(int64_t n, const void* vw, const void* va) {
   const auto* a = static_cast<const block_q8_K*>(va);
   const int64_t nb = n / QK_K;
   const __m256i m4 = _mm256_set1_epi8(0x0F);
-  __m256 acc = _mm256_setzero_ps();
-  __m128 acc_m = _mm_setzero_ps();
+  __m256 acc = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
-    const float d = a[i].d * half_to_float(w[i].d);
-    const float dmin = -a[i].d * half_to_float(w[i].dmin);
-    const __m256i sm16 = _mm256_cvtepu8_epi16(unpack_scales_mins_k4(w[i].scales));
-    acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot_bsums(sm16, a[i].bsums)), acc_m);
-    const __m128i sc128 = _mm256_castsi256_si128(sm16);
+    const __m128 dm = two_halves_times(&w[i].d, a[i].d);  // [d, dmin] * d_a
+    const __m128i scales_mins = unpack_scales_mins_k4(w[i].scales);
+    acc_m = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)),
+                             _mm256_cvtepi32_ps(mins_dot_bsums(scales_mins, a[i].bsums)), acc_m);
+    // the 8 scales as int16 in both 128-bit lanes
+    const __m128i sc128 = _mm_cvtepu8_epi16(scales_mins);
     const __m256i scales = _mm256_set_m128i(sc128, sc128);
     __m256i sumi = _mm256_setzero_si256();
     for (int h = 0; h < QK_K / 64; ++h) {
@@ -173,10 +244,9 @@ float vec_dot_q4_K_q8_K(int64_t n, const void* vw, const void* va) {
       sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(broadcast_scale(scales, 2 * h), plo));
       sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(broadcast_scale(scales, 2 * h + 1), phi));
     }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), _mm256_cvtepi32_ps(sumi), acc);
   }
-  const __m128 m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-  return hsum(acc) + _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
+  return hsum(_mm256_add_ps(acc, acc_m));
 }
 
 float vec_dot_q5_K_q8_K(int64_t n, const void* vw, const void* va) {
@@ -185,14 +255,14 @@ float vec_dot_q5_K_q8_K(int64_t n, const void* vw, const void* va) {
   const int64_t nb = n / QK_K;
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i bit16 = _mm256_set1_epi8(16);
-  __m256 acc = _mm256_setzero_ps();
-  __m128 acc_m = _mm_setzero_ps();
+  __m256 acc = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
-    const float d = a[i].d * half_to_float(w[i].d);
-    const float dmin = -a[i].d * half_to_float(w[i].dmin);
-    const __m256i sm16 = _mm256_cvtepu8_epi16(unpack_scales_mins_k4(w[i].scales));
-    acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot_bsums(sm16, a[i].bsums)), acc_m);
-    const __m128i sc128 = _mm256_castsi256_si128(sm16);
+    const __m128 dm = two_halves_times(&w[i].d, a[i].d);  // [d, dmin] * d_a
+    const __m128i scales_mins = unpack_scales_mins_k4(w[i].scales);
+    acc_m = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)),
+                             _mm256_cvtepi32_ps(mins_dot_bsums(scales_mins, a[i].bsums)), acc_m);
+    // the 8 scales as int16 in both 128-bit lanes
+    const __m128i sc128 = _mm_cvtepu8_epi16(scales_mins);
     const __m256i scales = _mm256_set_m128i(sc128, sc128);
     // fifth bit of element e is bit e / 32 of qh[e % 32]
     const __m256i qh = load32(w[i].qh);
@@ -211,10 +281,9 @@ float vec_dot_q5_K_q8_K(int64_t n, const void* vw, const void* va) {
       sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(broadcast_scale(scales, 2 * h), plo));
       sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(broadcast_scale(scales, 2 * h + 1), phi));
     }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), _mm256_cvtepi32_ps(sumi), acc);
   }
-  const __m128 m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-  return hsum(acc) + _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
+  return hsum(_mm256_add_ps(acc, acc_m));
 }
 
 float vec_dot_q6_K_q8_K(int64_t n, const void* vw, const void* va) {
@@ -357,12 +426,11 @@ void quantize_row_q8_0(const float* x, void* vy, int64_t n) {
 namespace detail {
 
 void add_avx2_kernels(VecDotFn* vec_dot, QuantizeRowFn* quantize_row) {
-  vec_dot[size_t(GgmlType::q4_0)] = vec_dot_32<block_q4_0, quants_q4_0, half_scale<block_q4_0>>;
-  vec_dot[size_t(GgmlType::q5_0)] = vec_dot_32<block_q5_0, quants_q5_0, half_scale<block_q5_0>>;
-  vec_dot[size_t(GgmlType::q8_0)] = vec_dot_32<block_q8_0, quants_q8_0, half_scale<block_q8_0>>;
-  vec_dot[size_t(GgmlType::iq4_nl)] =
-      vec_dot_32<block_iq4_nl, quants_iq4_nl, half_scale<block_iq4_nl>>;
-  vec_dot[size_t(GgmlType::mxfp4)] = vec_dot_32<block_mxfp4, quants_mxfp4, mxfp4_scale>;
+  vec_dot[size_t(GgmlType::q4_0)] = vec_dot_4bit<Q4_0>;
+  vec_dot[size_t(GgmlType::q5_0)] = vec_dot_4bit<Q5_0>;
+  vec_dot[size_t(GgmlType::q8_0)] = vec_dot_q8_0_q8_0;
+  vec_dot[size_t(GgmlType::iq4_nl)] = vec_dot_4bit<Iq4Nl>;
+  vec_dot[size_t(GgmlType::mxfp4)] = vec_dot_4bit<Mxfp4>;
   vec_dot[size_t(GgmlType::q4_k)] = vec_dot_q4_K_q8_K;
   vec_dot[size_t(GgmlType::q5_k)] = vec_dot_q5_K_q8_K;
   vec_dot[size_t(GgmlType::q6_k)] = vec_dot_q6_K_q8_K;

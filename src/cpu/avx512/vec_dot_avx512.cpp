@@ -15,35 +15,28 @@
 //    super-block.
 //
 // Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mfma -mf16c; called only
-// when the CPU has them. Same rule as src/cpu/avx2: no inline function or template of a shared
-// header is used here.
+// when the CPU has them. No inline function or template of the shared headers is used here (see
+// ../avx2/simd_common.h).
+
 // GCC 12's avx512fintrin.h initialises its "undefined" vectors from themselves (GCC PR 105593),
 // which -Wuninitialized then reports at every inlined use; fixed in GCC 13.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
+#include "cpu/avx2/simd_common.h"
 #include "cpu/kernels.h"
 #include "cpu/quant_blocks.h"
 
 namespace strata::cpu {
 namespace {
 
-inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
-
-// 2^(e - 128): half the E8M0 value (as e8m0_to_f32_half in quant_blocks.h).
-inline float e8m0_half(uint8_t e) {
-  const uint32_t bits = e < 2 ? (0x00200000u << e) : (uint32_t(e - 1) << 23);
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-inline __m128i load16(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
 inline __m512i load64(const void* p) { return _mm512_loadu_si512(p); }
 
 // Two 32-byte rows side by side (the second by a masked broadcast: one shuffle-free merge).
@@ -81,15 +74,45 @@ inline __m512i dot_s8(__m512i x, __m512i y) {
   return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(x), sy);
 }
 
-// The fp16 scales d of four blocks 0..3 at stride `stride` bytes from p, as 4 floats.
-inline __m128 halves_x4(const uint8_t* p, size_t stride) {
-  uint16_t h[4];
-  for (int k = 0; k < 4; ++k) std::memcpy(&h[k], p + k * stride, 2);
-  __m128i v = _mm_cvtsi32_si128(h[0]);
-  v = _mm_insert_epi16(v, h[1], 1);
-  v = _mm_insert_epi16(v, h[2], 2);
-  v = _mm_insert_epi16(v, h[3], 3);
-  return _mm_cvtph_ps(v);
+// The 16-bit words at byte offsets 0, S, 2S, 3S of p (the scales of four consecutive blocks of S
+// bytes), zero-extended into the four 32-bit lanes of an xmm, with one or two 64-byte loads and
+// one word permute. Reads only [p, p + 4S): the second load, where one is needed, ends inside the
+// fourth block.
+template <int S>
+struct Words4 {
+  static_assert(S % 2 == 0 && 4 * S >= 64 && 3 * S + 2 <= 128, "block stride outside the scheme");
+  static constexpr int kSecond = 4 * S - 64 < 64 ? 4 * S - 64 : 64;  // offset of the second load
+  static constexpr bool kOneLoad = 3 * S + 2 <= 64;
+  struct Index {
+    alignas(64) int16_t v[32];
+  };
+  static constexpr Index make_index() {
+    Index t{};
+    for (int k = 0; k < 4; ++k) {
+      const int off = k * S;
+      t.v[2 * k] = int16_t(off + 2 <= 64 ? off / 2 : 32 + (off - kSecond) / 2);
+    }
+    return t;
+  }
+  static constexpr Index kIndex = make_index();
+  static_assert(kOneLoad || ((3 * S - kSecond) % 2 == 0 && 3 * S >= kSecond));
+  static_assert(kOneLoad || 2 * S + 2 <= 64 || ((2 * S - kSecond) % 2 == 0 && 2 * S >= kSecond));
+
+  static __m128i load(const void* p) {
+    const __m512i idx = _mm512_load_si512(kIndex.v);
+    const auto* b = static_cast<const uint8_t*>(p);
+    if constexpr (kOneLoad) {
+      return _mm512_castsi512_si128(_mm512_maskz_permutexvar_epi16(0x55, idx, load64(b)));
+    } else {
+      return _mm512_castsi512_si128(_mm512_maskz_permutex2var_epi16(0x55, load64(b), idx, load64(b + kSecond)));
+    }
+  }
+};
+
+// The fp16 scales of four consecutive blocks of S bytes whose first field is d, as 4 floats.
+template <int S>
+inline __m128 halves_x4(const void* first_block) {
+  return _mm_cvtph_ps(_mm_packus_epi32(Words4<S>::load(first_block), _mm_setzero_si128()));
 }
 
 // Each format: the int32 lanes of two blocks' integer dot products (8 lanes per block), the float
@@ -97,9 +120,8 @@ inline __m128 halves_x4(const uint8_t* p, size_t stride) {
 template <class B>
 struct HalfScaled {
   using Block = B;
-  static __m128 scales4(const Block* w) {
-    return halves_x4(reinterpret_cast<const uint8_t*>(&w->d), sizeof(Block));
-  }
+  static_assert(offsetof(B, d) == 0);
+  static __m128 scales4(const Block* w) { return halves_x4<sizeof(Block)>(w); }
   static float scale(const Block& b) { return half_to_float(b.d); }
 };
 struct Q8_0 : HalfScaled<block_q8_0> {
@@ -140,14 +162,16 @@ struct Mxfp4 {
     const __m512i u = _mm512_shuffle_epi8(table, nibbles_32x2(w0.qs, w1.qs));
     return dot_u8_offset(u, a, _mm512_set1_epi8(12));
   }
-  // 2^(e - 128) for four exponent bytes, exact for every e (scalef takes the subnormal results
-  // 2^-128 and 2^-127 in its stride)
+  // 2^(e - 128) for the exponent bytes of four blocks, exact for every e (scalef reaches the
+  // subnormal results 2^-128 and 2^-127 exactly). Byte k * 17 is the low (k even) or high (k odd)
+  // byte of word 0, 8, 17, 25 of the first 64 bytes.
   static __m128 scales4(const Block* w) {
-    __m128i e = _mm_cvtsi32_si128(w[0].e);
-    e = _mm_insert_epi8(e, w[1].e, 1);
-    e = _mm_insert_epi8(e, w[2].e, 2);
-    e = _mm_insert_epi8(e, w[3].e, 3);
-    const __m128 exponent = _mm_sub_ps(_mm_cvtepi32_ps(_mm_cvtepu8_epi32(e)), _mm_set1_ps(128.0f));
+    static_assert(sizeof(Block) == 17 && offsetof(Block, e) == 0);
+    const __m512i idx = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,  //
+                                         0, 0, 0, 0, 0, 0, 0, 0, 0, 25, 0, 17, 0, 8, 0, 0);
+    const __m128i words = _mm512_castsi512_si128(_mm512_maskz_permutexvar_epi16(0x55, idx, load64(w)));
+    const __m128i e = _mm_and_si128(_mm_srlv_epi32(words, _mm_setr_epi32(0, 8, 0, 8)), _mm_set1_epi32(0xFF));
+    const __m128 exponent = _mm_sub_ps(_mm_cvtepi32_ps(e), _mm_set1_ps(128.0f));
     return _mm_scalef_ps(_mm_set1_ps(1.0f), exponent);
   }
   static float scale(const Block& b) { return e8m0_half(b.e); }
@@ -164,8 +188,7 @@ float vec_dot_32(int64_t n, const void* vw, const void* va) {
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 4 <= nb; i += 4) {
-    const __m128 d4 = _mm_mul_ps(F::scales4(w + i),
-                                 halves_x4(reinterpret_cast<const uint8_t*>(&a[i].d), sizeof(block_q8_0)));
+    const __m128 d4 = _mm_mul_ps(F::scales4(w + i), halves_x4<sizeof(block_q8_0)>(a + i));
     const __m512 d = _mm512_castps128_ps512(d4);
     const __m512i p0 = F::dot2(w[i], w[i + 1], load_32x2(a[i].qs, a[i + 1].qs));
     const __m512i p1 = F::dot2(w[i + 2], w[i + 3], load_32x2(a[i + 2].qs, a[i + 3].qs));
@@ -183,27 +206,6 @@ float vec_dot_32(int64_t n, const void* vw, const void* va) {
 }
 
 // ---- K formats x Q8_K ----
-
-// Q4_K / Q5_K: the 8 scales (bytes 0..7) and 8 mins (bytes 8..15) of the 12 packed bytes, as
-// scale_min_k4 of quant_ref.h defines them (ggml's kmask unpacking).
-inline __m128i unpack_scales_mins_k4(const uint8_t* packed) {
-  constexpr uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
-  uint32_t u[4];
-  std::memcpy(u, packed, 12);
-  u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
-  const uint32_t mins_low = u[1] & kmask1;
-  u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
-  u[2] = mins_low;
-  u[0] &= kmask1;
-  return _mm_set_epi32(int(u[3]), int(u[2]), int(u[1]), int(u[0]));
-}
-
-// Q4_K / Q5_K: sum over sub-blocks s of min_s * (bsums[2s] + bsums[2s + 1]) as 4 int32.
-inline __m128i mins_dot_bsums(__m256i scales_mins16, const int16_t* bsums) {
-  const __m256i b = load32(bsums);
-  const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
-  return _mm_madd_epi16(_mm256_extracti128_si256(scales_mins16, 1), pairs);
-}
 
 // vpermw indices: lane l (0..31) selects int16 entry s + l / group, the scale of the lane's
 // sub-block. Q4_K / Q5_K (group 16: a sub-block of 32 elements is 16 lanes of pairs):
@@ -237,13 +239,13 @@ float vec_dot_q45_K(int64_t n, const Block* w, const block_q8_K* a) {
   __m512i idx[4];
   for (int h = 0; h < 4; ++h) idx[h] = _mm512_load_si512(kScaleIndex.k4[h]);
   __m512 acc = _mm512_setzero_ps();
-  __m128 acc_m = _mm_setzero_ps();
+  __m256 acc_m = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
-    const float d = a[i].d * half_to_float(w[i].d);
-    const float dmin = -a[i].d * half_to_float(w[i].dmin);
-    const __m256i sm16 = _mm256_cvtepu8_epi16(unpack_scales_mins_k4(w[i].scales));
-    acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot_bsums(sm16, a[i].bsums)), acc_m);
-    const __m512i scales = _mm512_castsi256_si512(sm16);
+    const __m128 dm = two_halves_times(&w[i].d, a[i].d);  // [d, dmin] * d_a
+    const __m128i scales_mins = unpack_scales_mins_k4(w[i].scales);
+    acc_m = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)),
+                             _mm256_cvtepi32_ps(mins_dot_bsums(scales_mins, a[i].bsums)), acc_m);
+    const __m512i scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(scales_mins));  // int16 sc0..sc7
     __m512i qh;
     if constexpr (kFifthBit) qh = _mm512_broadcast_i64x4(load32(w[i].qh));
     __m512i sumi = _mm512_setzero_si512();
@@ -258,10 +260,9 @@ float vec_dot_q45_K(int64_t n, const Block* w, const block_q8_K* a) {
       const __m512i p = _mm512_maddubs_epi16(q, load64(a[i].qs + 64 * h));
       sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi16(idx[h], scales));
     }
-    acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+    acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dm), _mm512_cvtepi32_ps(sumi), acc);
   }
-  const __m128 m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-  return _mm512_reduce_add_ps(acc) + _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
+  return _mm512_reduce_add_ps(acc) + hsum(acc_m);
 }
 
 float vec_dot_q4_K_q8_K(int64_t n, const void* w, const void* a) {

@@ -1,0 +1,76 @@
+// Helpers shared by the AVX2 and AVX-512 kernel translation units (vec_dot_avx2.cpp,
+// ../avx512/vec_dot_avx512.cpp). Included only there.
+//
+// Everything here is in an unnamed namespace on purpose: each including translation unit gets its
+// own copy, compiled with its own ISA flags. An inline function with external linkage would be
+// one symbol, and the linker could keep the AVX-512 build of it for the AVX2 table (or for scalar
+// code, if a shared header's inline function were used) and fault on a CPU without AVX-512.
+// For the same reason these files use no inline function or template of the shared headers
+// (fp16.h, quant_blocks.h's e8m0_to_f32_half): the conversions they need are below.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/quant_blocks.h"
+
+namespace strata::cpu {
+namespace {
+
+inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+
+// 2^(e - 128): half the E8M0 value (as e8m0_to_f32_half in quant_blocks.h).
+inline float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? (0x00200000u << e) : (uint32_t(e - 1) << 23);
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline __m128i load16(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+inline float hsum(__m128 v) {
+  v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+  return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+}
+inline float hsum(__m256 v) {
+  return hsum(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
+}
+
+// Q4_K / Q5_K: the 6-bit scales and mins of the 8 sub-blocks from the 12 packed bytes at
+// `packed`, as bytes [sc0 .. sc7, m0 .. m7] (scale_min_k4 of quant_ref.h):
+//   j < 4:  sc = q[j] & 63,                           m = q[j + 4] & 63
+//   j >= 4: sc = (q[j + 4] & 15) | (q[j - 4] >> 6) << 4, m = (q[j + 4] >> 4) | (q[j] >> 6) << 4
+// Reads 16 bytes (the 12 and the first 4 quant bytes of the same block).
+inline __m128i unpack_scales_mins_k4(const uint8_t* packed) {
+  const __m128i q = load16(packed);
+  // low parts come from x = [q0..q3, q8..q11, q4..q7, q8..q11], high parts from
+  // y = [q0..q3, q0..q3, q4..q7, q4..q7]
+  const __m128i x = _mm_shuffle_epi8(q, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+  const __m128i y = _mm_shuffle_epi8(q, _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7));
+  const __m128i low_mask = _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0);
+  const __m128i nib_mask = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15);
+  const __m128i top_mask = _mm_setr_epi8(0, 0, 0, 0, 48, 48, 48, 48, 0, 0, 0, 0, 48, 48, 48, 48);
+  const __m128i low = _mm_or_si128(_mm_and_si128(x, low_mask), _mm_and_si128(_mm_srli_epi16(x, 4), nib_mask));
+  return _mm_or_si128(low, _mm_and_si128(_mm_srli_epi16(y, 2), top_mask));  // (q >> 6) << 4
+}
+
+// Q4_K / Q5_K: sum over sub-blocks s of m_s * (bsums[2s] + bsums[2s + 1]), as 8 int32 (lane s),
+// from unpack_scales_mins_k4's bytes.
+inline __m256i mins_dot_bsums(__m128i scales_mins, const int16_t* bsums) {
+  const __m128i pairs = _mm_shuffle_epi8(scales_mins, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15));
+  return _mm256_madd_epi16(_mm256_cvtepu8_epi16(pairs), load32(bsums));
+}
+
+// The two fp16 scales at p (d, then dmin) times the activation scale: [d * ad, dmin * ad, 0, 0].
+inline __m128 two_halves_times(const uint16_t* p, float ad) {
+  uint32_t both;
+  std::memcpy(&both, p, 4);
+  return _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(int(both))), _mm_set1_ps(ad));
+}
+
+}  // namespace
+}  // namespace strata::cpu
