@@ -3,8 +3,8 @@
 //  - exact: each weight row dequantized, times float activations (how ../shared/fixtures'
 //    logits-*.exact.f32 were computed); the engine's own oracle;
 //  - quantized (default): activations rounded to the weight type's vec_dot type (Q8_0 / Q8_K /
-//    float, as llama.cpp's CPU path does) and dotted with the format's kernel. Today that kernel is
-//    the scalar reference of quant_ref.h; the AVX2 / AVX-512 kernels of issue #4 slot in here.
+//    float, as llama.cpp's CPU path does) and dotted with the format's kernel from the SIMD table
+//    chosen at start-up (cpu/kernels.h: AVX-512, AVX2, or the scalar reference).
 #pragma once
 
 #include <cstdint>
