@@ -257,7 +257,7 @@ TEST(SimdDispatch, ParsesIsaNames) {
     EXPECT_EQ(cpu::parse_isa(cpu::isa_name(isa)), isa);
 }
 
-// STRATA_CPU_ISA picks the variant, capped at what the CPU supports; unset or unknown means the
+// STRATA_ISA picks the variant, capped at what the CPU supports; unset or unknown means the
 // best supported one; and the start-up table is the one the environment of this process asks for.
 TEST(SimdDispatch, SelectsRequestedIsaWithinSupport) {
   const CpuIsa best = cpu::best_supported_isa();
@@ -272,7 +272,7 @@ TEST(SimdDispatch, SelectsRequestedIsaWithinSupport) {
     const CpuIsa got = cpu::select_isa(std::string(cpu::isa_name(isa)).c_str());
     EXPECT_EQ(got, cpu::isa_supported(isa) ? isa : best) << cpu::isa_name(isa);
   }
-  EXPECT_EQ(cpu::cpu_kernels().isa, cpu::select_isa(std::getenv("STRATA_CPU_ISA")));
+  EXPECT_EQ(cpu::cpu_kernels().isa, cpu::select_isa(std::getenv("STRATA_ISA")));
   EXPECT_EQ(cpu::isa_name(), cpu::isa_name(cpu::cpu_kernels().isa));
 }
 

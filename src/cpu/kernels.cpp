@@ -80,12 +80,12 @@ CpuIsa select_isa(const char* env_value) {
   if (env_value == nullptr || env_value[0] == '\0') return best;
   const std::optional<CpuIsa> want = parse_isa(env_value);
   if (!want) {
-    std::fprintf(stderr, "strata: STRATA_CPU_ISA=%s is not one of scalar, avx2, avx512; using %s\n",
+    std::fprintf(stderr, "strata: STRATA_ISA=%s is not one of scalar, avx2, avx512; using %s\n",
                  env_value, isa_name(best).data());
     return best;
   }
   if (*want > best) {
-    std::fprintf(stderr, "strata: STRATA_CPU_ISA=%s but this CPU supports at most %s; using %s\n",
+    std::fprintf(stderr, "strata: STRATA_ISA=%s but this CPU supports at most %s; using %s\n",
                  env_value, isa_name(best).data(), isa_name(best).data());
     return best;
   }
@@ -103,7 +103,7 @@ const KernelTable& cpu_kernels(CpuIsa isa) {
 }
 
 const KernelTable& cpu_kernels() {
-  static const KernelTable& chosen = cpu_kernels(select_isa(std::getenv("STRATA_CPU_ISA")));
+  static const KernelTable& chosen = cpu_kernels(select_isa(std::getenv("STRATA_ISA")));
   return chosen;
 }
 

@@ -1,7 +1,7 @@
 // The CPU kernel table: for each weight type the dot-product kernel a matmul calls, and for each
 // activation format the quantizer of a float row, in the variant the CPU runs best (STYLE.md 4).
 // Chosen once, at the first call of cpu_kernels(), from cpuid (__builtin_cpu_supports); the
-// environment variable STRATA_CPU_ISA=scalar|avx2|avx512 forces a variant for tests and
+// environment variable STRATA_ISA=scalar|avx2|avx512 forces a variant for tests and
 // benchmarks ("ref" means scalar). A variant the CPU lacks is never chosen: the request falls
 // back to the best supported ISA below it, with a warning on stderr.
 //
@@ -46,7 +46,7 @@ struct KernelTable {
   QuantizeRowFn quantize(GgmlType activation) const { return quantize_row[size_t(activation)]; }
 };
 
-// The table chosen at start-up (cpuid, then STRATA_CPU_ISA). Thread-safe; never changes.
+// The table chosen at start-up (cpuid, then STRATA_ISA). Thread-safe; never changes.
 const KernelTable& cpu_kernels();
 // The table of one ISA, for tests and benchmarks that compare variants. The ISA must be supported
 // (checked): calling an AVX-512 kernel on a CPU without it faults.
@@ -62,7 +62,7 @@ std::string_view isa_name(CpuIsa isa);
 inline std::string_view isa_name() { return isa_name(cpu_kernels().isa); }
 // "scalar" / "ref", "avx2", "avx512" (case-sensitive) -> the ISA; nullopt for anything else.
 std::optional<CpuIsa> parse_isa(std::string_view name);
-// The ISA cpu_kernels() uses given the value of STRATA_CPU_ISA (null: unset): the best supported
+// The ISA cpu_kernels() uses given the value of STRATA_ISA (null: unset): the best supported
 // one, or the requested one capped at the best supported. An unknown name means unset. Writes a
 // warning to stderr when the request cannot be honoured.
 CpuIsa select_isa(const char* env_value);
