@@ -1,6 +1,9 @@
 # Warnings for strata's own targets (not for dependencies).
 # designated initializers that leave fields at their defaults are the style (STYLE.md 2)
-set(STRATA_WARNINGS -Wall -Wextra -Wshadow=local -Wno-unused-parameter -Wno-missing-field-initializers)
+set(STRATA_WARNINGS -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers)
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+  list(APPEND STRATA_WARNINGS -Wshadow=local)
+endif()
 if(STRATA_WERROR)
   list(APPEND STRATA_WARNINGS -Werror)
 endif()

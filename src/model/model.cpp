@@ -207,6 +207,11 @@ Result<HParams> read_hparams(const GgufFile& f) {
   }
   if (hp.attn_scale == 0) hp.attn_scale = 1.0f / std::sqrt(float(hp.head_dim_k));
 
+  // every layer has tensors: a count beyond the file's tensors is a hostile or broken header
+  if (uint64_t(hp.n_layer) > f.tensors().size()) {
+    return Error{strfmt("%s: %s.block_count is %d but the file has only %zu tensors", f.name().c_str(),
+                        arch->c_str(), hp.n_layer, f.tensors().size())};
+  }
   if (hp.n_layer <= 0 || hp.n_embd <= 0 || hp.n_head <= 0 || hp.n_head_kv <= 0 ||
       hp.n_head % hp.n_head_kv != 0) {
     return Error{strfmt("%s: inconsistent attention hyperparameters (layers %d, n_embd %d, heads %d, "
