@@ -103,3 +103,52 @@ TEST(ModelInfo, InfoCommandPrintsTableForEveryModel) {
 
 }  // namespace
 }  // namespace strata
+
+#include "gguf_builder.h"
+#include "model/model.h"
+
+namespace strata {
+namespace {
+
+// A header whose block_count is far beyond its tensors must be an error, not an allocation of
+// billions of layers (found by reasoning over the fuzz target; kept as a regression test).
+TEST(ModelLoad, HostileBlockCountIsAnError) {
+  test::RawGguf g;
+  g.header(3, 1, 6).kv_str("general.architecture", "qwen3moe").kv_u32("qwen3moe.block_count", 2000000000u);
+  g.kv_u32("qwen3moe.embedding_length", 32).kv_u32("qwen3moe.context_length", 64);
+  g.kv_u32("qwen3moe.attention.head_count", 1).kv_u32("qwen3moe.attention.layer_norm_rms_epsilon", 0);
+  g.tensor("token_embd.weight", {32, 4}, 0, 0).data(512);
+  auto f = GgufFile::parse(g.bytes, "hostile");
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  auto m = Model::load(std::move(*f));
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.error().message.find("block_count is 2000000000 but the file has only 1 tensors"),
+            std::string::npos)
+      << m.error().message;
+}
+
+TEST(ModelLoad, WrongShapeNamesTheTensor) {
+  // the vendored model with one tensor's shape changed in its header: rewrite it with the writer
+  auto f = GgufFile::open((test::data_dir() / "models" / "qwen3moe" / "model-Q4_K_M.gguf").string());
+  ASSERT_TRUE(f.ok());
+  GgufWriter w;
+  for (const GgufKv& kv : f->kvs()) w.set(kv.key, kv.value);
+  for (const GgufTensorInfo& t : f->tensors()) {
+    std::vector<uint64_t> ne(t.ne, t.ne + t.n_dims);
+    if (t.name == "blk.1.attn_k.weight") ne[1] /= 2;  // half the rows
+    w.add_tensor(t.name, t.type, ne);
+  }
+  auto bytes = w.write_memory([](size_t, uint64_t, std::span<uint8_t> out) {
+    for (size_t i = 0; i < out.size(); ++i) out[i] = uint8_t(i * 13 + 1);
+  });
+  auto parsed = GgufFile::parse(bytes, "reshaped");
+  ASSERT_TRUE(parsed.ok()) << parsed.error().message;
+  auto m = Model::load(std::move(*parsed));
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.error().message.find("tensor 'blk.1.attn_k.weight' has shape [256, 64], expected [256, 128]"),
+            std::string::npos)
+      << m.error().message;
+}
+
+}  // namespace
+}  // namespace strata
