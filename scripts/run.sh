@@ -11,10 +11,8 @@ if [ ! -f "$build/build.ninja" ]; then
 fi
 cmake --build "$build" -j "$(nproc)" --target strata >&2
 
-bundled="$root/tests/data/models/qwen3moe/model-Q4_K_M.gguf"
 if [ $# -eq 0 ]; then
-  # Inference (`strata run`) is not built yet (issue #3); until then the main job is describing
-  # the bundled model: what it is made of and what one decoded token must read.
-  set -- info "$bundled"
+  # The main job: generate text with the bundled model (strata's default when -m is not given).
+  set -- run
 fi
 exec "$build/src/strata" "$@"
