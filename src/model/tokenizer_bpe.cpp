@@ -22,18 +22,13 @@
 #include <array>
 
 #include "model/tokenizer.h"
+#include "model/tokenizer_merge.h"
 
 namespace strata {
 
 namespace {
 
 // ---- UTF-8, llama.cpp's way (unicode_cpt_from_utf8 / unicode_cpt_to_utf8) ----
-
-// Lengths by the high nibble of the first byte; continuation bytes are not checked here.
-size_t utf8_len(uint8_t c) {
-  static constexpr uint8_t kLen[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
-  return kLen[c >> 4];
-}
 
 // Decodes like llama.cpp: a lead byte with the right number of continuation bytes (10xxxxxx) is a
 // code point (overlong forms and surrogates included); anything else is U+FFFD for one byte. Code
@@ -495,10 +490,7 @@ void Tokenizer::tokenize_bpe(std::string_view text, std::vector<TokenId>& out) c
   }
 
   // ---- BPE on each piece ----
-  struct Symbol {
-    int32_t prev, next;
-    uint32_t offset, n;  // bytes of the piece's byte-level text; n = 0 once merged away
-  };
+  using Symbol = tokenizer_detail::MergeSymbol;  // offsets into the piece's byte-level text
   struct Bigram {
     int32_t rank;
     int32_t left, right;
@@ -524,13 +516,7 @@ void Tokenizer::tokenize_bpe(std::string_view text, std::vector<TokenId>& out) c
         continue;
       }
     }
-    symbols.clear();
-    for (uint32_t off = 0; off < word.size();) {
-      const uint32_t len = uint32_t(std::min(word.size() - off, utf8_len(uint8_t(word[off]))));
-      const int32_t idx = int32_t(symbols.size());
-      symbols.push_back({idx - 1, off + len == word.size() ? -1 : idx + 1, off, len});
-      off += len;
-    }
+    tokenizer_detail::split_symbols(word, symbols);
     queue.clear();
     auto add_bigram = [&](int32_t left, int32_t right) {
       if (left < 0 || right < 0) return;
@@ -544,21 +530,7 @@ void Tokenizer::tokenize_bpe(std::string_view text, std::vector<TokenId>& out) c
       queue.push_back({it->second, left, right, l.n + r.n});
       std::push_heap(queue.begin(), queue.end(), lower_priority);
     };
-    for (int32_t i = 1; i < int32_t(symbols.size()); ++i) add_bigram(i - 1, i);
-    while (!queue.empty()) {
-      std::pop_heap(queue.begin(), queue.end(), lower_priority);
-      const Bigram b = queue.back();
-      queue.pop_back();
-      Symbol& l = symbols[size_t(b.left)];
-      Symbol& r = symbols[size_t(b.right)];
-      if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;  // outdated
-      l.n += r.n;
-      r.n = 0;
-      l.next = r.next;
-      if (r.next >= 0) symbols[size_t(r.next)].prev = b.left;
-      add_bigram(l.prev, b.left);
-      add_bigram(b.left, l.next);
-    }
+    tokenizer_detail::merge_bigrams(symbols, queue, lower_priority, add_bigram);
     for (int32_t i = 0; i != -1; i = symbols[size_t(i)].next) {
       const Symbol& s = symbols[size_t(i)];
       const std::string_view piece(word.data() + s.offset, s.n);

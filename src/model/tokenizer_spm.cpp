@@ -6,17 +6,10 @@
 #include <unordered_map>
 
 #include "model/tokenizer.h"
+#include "model/tokenizer_merge.h"
 
 namespace strata {
 
-namespace {
-
-size_t utf8_len(uint8_t c) {
-  static constexpr uint8_t kLen[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
-  return kLen[c >> 4];
-}
-
-}  // namespace
 
 // llama_vocab::byte_to_token for SPM: "<0xXX>", else the byte as a one-byte token. llama.cpp
 // throws when neither exists; here the unknown token stands in (or nothing, without one).
@@ -31,10 +24,7 @@ TokenId Tokenizer::byte_token_spm(uint8_t byte) const {
 }
 
 void Tokenizer::tokenize_spm(std::string_view text, std::vector<TokenId>& out) const {
-  struct Symbol {
-    int32_t prev, next;
-    uint32_t offset, n;  // bytes of `text`; n = 0 once merged into its left neighbour
-  };
+  using Symbol = tokenizer_detail::MergeSymbol;  // offsets into `text`
   struct Bigram {
     float score;
     int32_t left, right;
@@ -46,12 +36,7 @@ void Tokenizer::tokenize_spm(std::string_view text, std::vector<TokenId>& out) c
   };
 
   std::vector<Symbol> symbols;
-  for (uint32_t off = 0; off < text.size();) {
-    const uint32_t len = uint32_t(std::min(text.size() - off, utf8_len(uint8_t(text[off]))));
-    const int32_t idx = int32_t(symbols.size());
-    symbols.push_back({idx - 1, off + len == text.size() ? -1 : idx + 1, off, len});
-    off += len;
-  }
+  tokenizer_detail::split_symbols(text, symbols);
   if (symbols.empty()) return;
 
   std::vector<Bigram> queue;
@@ -68,22 +53,7 @@ void Tokenizer::tokenize_spm(std::string_view text, std::vector<TokenId>& out) c
     std::push_heap(queue.begin(), queue.end(), lower_priority);
     rev_merge[s] = {left, right};
   };
-  for (int32_t i = 1; i < int32_t(symbols.size()); ++i) add_bigram(i - 1, i);
-
-  while (!queue.empty()) {
-    std::pop_heap(queue.begin(), queue.end(), lower_priority);
-    const Bigram b = queue.back();
-    queue.pop_back();
-    Symbol& l = symbols[size_t(b.left)];
-    Symbol& r = symbols[size_t(b.right)];
-    if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;  // outdated
-    l.n += r.n;
-    r.n = 0;
-    l.next = r.next;
-    if (r.next >= 0) symbols[size_t(r.next)].prev = b.left;
-    add_bigram(l.prev, b.left);
-    add_bigram(b.left, l.next);
-  }
+  tokenizer_detail::merge_bigrams(symbols, queue, lower_priority, add_bigram);
 
   // Resegment. Merged symbols are tokens by construction, so the recursion only splits what
   // rev_merge knows; the depth bound guards against a malformed vocabulary looping.
