@@ -141,6 +141,15 @@ TEST(GgufMalformed, ValidBaselineParses) {
   EXPECT_EQ(f->tensor_data(f->tensors()[1]).size(), 16u);
 }
 
+TEST(GgufMalformed, Version2ParsesLikeVersion3) {
+  RawGguf g = valid_file();
+  g.bytes[4] = 2;  // version field, little-endian u32
+  auto f = GgufFile::parse(g.bytes, "v2");
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  EXPECT_EQ(f->version(), 2u);
+  EXPECT_EQ(f->tensors().size(), 2u);
+}
+
 TEST(GgufMalformed, EachCaseHasItsSpecificError) {
   for (const Case& c : cases()) {
     SCOPED_TRACE(c.name);
