@@ -75,18 +75,17 @@ void forward_deepseek2(const Model& m, const cpu::CpuBackend& be, KvCache& cache
       attn(size_t(n_tok * H * hp.v_head)), qa;
   if (hp.q_lora_rank > 0) qa.resize(size_t(n_tok * hp.q_lora_rank));
 
-  // embeddings
-  for (int64_t t = 0; t < n_tok; ++t) cpu::get_row(m.tok_embd, tokens[t], x.data() + t * E);
+  embed(m, tokens, n_tok, x.data());
 
   for (int il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& l = m.layers[size_t(il)];
 
     // attention (MLA)
-    for (int64_t t = 0; t < n_tok; ++t) cpu::rms_norm(&x[t * E], f32(l.attn_norm), E, hp.eps, &h[t * E]);
+    rms_norm_rows(x.data(), l.attn_norm, n_tok, E, hp.eps, h.data());
     if (hp.q_lora_rank > 0) {
       const int64_t Q = hp.q_lora_rank;
       be.matmul(l.wq_a, h.data(), n_tok, qa.data());
-      for (int64_t t = 0; t < n_tok; ++t) cpu::rms_norm(&qa[t * Q], f32(l.q_a_norm), Q, hp.eps, &qa[t * Q]);
+      rms_norm_rows(qa.data(), l.q_a_norm, n_tok, Q, hp.eps, qa.data());
       be.matmul(l.wq_b, qa.data(), n_tok, q.data());
     } else {
       be.matmul(l.wq, h.data(), n_tok, q.data());
@@ -104,7 +103,7 @@ void forward_deepseek2(const Model& m, const cpu::CpuBackend& be, KvCache& cache
     cpu::add(x.data(), y.data(), n_tok * E);  // residual
 
     // feed-forward: dense, or routed experts + shared experts
-    for (int64_t t = 0; t < n_tok; ++t) cpu::rms_norm(&x[t * E], f32(l.ffn_norm), E, hp.eps, &h[t * E]);
+    rms_norm_rows(x.data(), l.ffn_norm, n_tok, E, hp.eps, h.data());
     if (!l.is_moe()) {
       swiglu_ffn(be, l.ffn_gate, l.ffn_up, l.ffn_down, h.data(), n_tok, nullptr, false, y.data());
     } else {

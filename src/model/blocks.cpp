@@ -196,6 +196,51 @@ void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const fl
   }
 }
 
+void embed(const Model& m, const int32_t* tokens, int64_t n_tok, float* x) {
+  const int64_t E = m.hparams().n_embd;
+  for (int64_t t = 0; t < n_tok; ++t) cpu::get_row(m.tok_embd, tokens[t], x + t * E);
+}
+
+void rms_norm_rows(const float* x, const Weight& w, int64_t n_tok, int64_t n, float eps, float* out) {
+  for (int64_t t = 0; t < n_tok; ++t) cpu::rms_norm(x + t * n, f32(w), n, eps, out + t * n);
+}
+
+void gqa_attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& l,
+                   KvCache& cache, int il, const float* h, int64_t n_tok, int64_t pos0, float* y) {
+  const int64_t E = hp.n_embd, H = hp.n_head, HKV = hp.n_head_kv, DK = hp.head_dim_k,
+                DV = hp.head_dim_v;
+  std::vector<float> q(size_t(n_tok * H * DK)), k(size_t(n_tok * HKV * DK)),
+      v(size_t(n_tok * HKV * DV)), attn(size_t(n_tok * H * DV));
+  be.matmul(l.wq, h, n_tok, q.data());
+  be.matmul(l.wk, h, n_tok, k.data());
+  be.matmul(l.wv, h, n_tok, v.data());
+  add_bias(q.data(), l.bq, n_tok, H * DK);
+  add_bias(k.data(), l.bk, n_tok, HKV * DK);
+  add_bias(v.data(), l.bv, n_tok, HKV * DV);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    float* qt = &q[size_t(t * H * DK)];
+    float* kt = &k[size_t(t * HKV * DK)];
+    if (l.q_norm) {
+      rms_norm_rows(qt, l.q_norm, H, DK, hp.eps, qt);
+      rms_norm_rows(kt, l.k_norm, HKV, DK, hp.eps, kt);
+    }
+    cpu::rope(qt, int(H), int(DK), pos0 + t, hp.rope);
+    cpu::rope(kt, int(HKV), int(DK), pos0 + t, hp.rope);
+    std::copy_n(kt, HKV * DK, cache.k_row(il, pos0 + t));
+    std::copy_n(&v[size_t(t * HKV * DV)], HKV * DV, cache.v_row(il, pos0 + t));
+  }
+  const AttentionParams ap{.n_head = hp.n_head,
+                           .n_head_kv = hp.n_head_kv,
+                           .head_dim_k = hp.head_dim_k,
+                           .head_dim_v = hp.head_dim_v,
+                           .scale = hp.attn_scale,
+                           .n_swa = hp.window(il),
+                           .sinks = f32(l.attn_sinks)};
+  attention_gqa(ap, cache, il, q.data(), n_tok, pos0, attn.data());
+  be.matmul(l.wo, attn.data(), n_tok, y);
+  add_bias(y, l.bo, n_tok, E);
+}
+
 void add_bias(float* x, const Weight& b, int64_t n_tok, int64_t n) {
   if (!b) return;
   for (int64_t t = 0; t < n_tok; ++t) cpu::add(x + t * n, f32(b), n);

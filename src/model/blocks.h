@@ -53,6 +53,19 @@ struct AttentionParams {
 void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const float* q,
                    int64_t n_tok, int64_t pos0, float* out);
 
+// x[t] = row tokens[t] of the token embeddings; x: [n_tok][n_embd].
+void embed(const Model& m, const int32_t* tokens, int64_t n_tok, float* x);
+
+// out[t] = RMSNorm(x[t]) * w for n_tok rows of n floats (may alias).
+void rms_norm_rows(const float* x, const Weight& w, int64_t n_tok, int64_t n, float eps, float* out);
+
+// The GQA attention sublayer of layer il on the normalised input h [n_tok][n_embd]: q, k, v (+ the
+// layer's biases), per-head q/k RMSNorm when the layer has it (qwen3moe), RoPE, the new keys and
+// values appended to the cache, attention (with the layer's sliding window and sinks, if any) and
+// the output projection (+ bias) into y [n_tok][n_embd]. The residual add is the caller's.
+void gqa_attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& l,
+                   KvCache& cache, int il, const float* h, int64_t n_tok, int64_t pos0, float* y);
+
 // Adds bias b (F32 [n]) to every row of x [n_tok][n]; no-op for an empty weight.
 void add_bias(float* x, const Weight& b, int64_t n_tok, int64_t n);
 
