@@ -26,13 +26,32 @@ KernelTable build_table(CpuIsa isa) {
   t.isa = isa;
 #if STRATA_X86_KERNELS
   // layered: an AVX-512 table starts from the AVX2 one and overwrites what it does better
-  if (isa >= CpuIsa::avx2) detail::add_avx2_kernels(t.vec_dot.data(), t.quantize_row.data());
-  if (isa >= CpuIsa::avx512) detail::add_avx512_kernels(t.vec_dot.data(), t.quantize_row.data());
+  if (isa >= CpuIsa::avx2) {
+    detail::add_avx2_kernels(t.vec_dot.data(), t.quantize_row.data());
+    detail::add_avx2_gemm(t.gemm.data());
+  }
+  if (isa >= CpuIsa::avx512) {
+    detail::add_avx512_kernels(t.vec_dot.data(), t.quantize_row.data());
+    detail::add_avx512_gemm(t.gemm.data());
+  }
 #endif
   return t;
 }
 
 }  // namespace
+
+void KernelTable::gemm_tile(GgmlType weight, int64_t n, const void* w, size_t w_stride,
+                            int64_t n_rows, const void* a, size_t a_stride, int64_t n_tok, float* y,
+                            int64_t ldy) const {
+  if (const GemmFn g = gemm[size_t(weight)]) return g(n, w, w_stride, n_rows, a, a_stride, n_tok, y, ldy);
+  const VecDotFn dot = vec_dot[size_t(weight)];
+  STRATA_CHECK(dot != nullptr, "weight type without vec_dot (loader must reject)");
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* ab = static_cast<const uint8_t*>(a);
+  for (int64_t r = 0; r < n_rows; ++r)
+    for (int64_t t = 0; t < n_tok; ++t)
+      y[t * ldy + r] = dot(n, wb + size_t(r) * w_stride, ab + size_t(t) * a_stride);
+}
 
 bool isa_supported(CpuIsa isa) {
   switch (isa) {

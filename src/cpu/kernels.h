@@ -33,6 +33,15 @@ enum class CpuIsa { scalar, avx2, avx512 };
 
 inline constexpr size_t kKernelTypeCount = 40;  // ggml type ids 0..39 (mxfp4 = 39)
 
+// A tile of a matrix product: y[t * ldy + r] = dot(weight row r, activation row t) for r < n_rows,
+// t < n_tok. w: n_rows weight rows of w_stride bytes, each n elements in the weight type; a: n_tok
+// activation rows of a_stride bytes in the weight type's vec_dot_type (floats when that is f32).
+// Same sums as n_rows * n_tok calls of the type's vec_dot; a tile kernel reads each weight block
+// once for all n_tok activation rows (prefill), where vec_dot would read it n_tok times. n_rows
+// and n_tok may be any positive counts (ragged tails included).
+using GemmFn = void (*)(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a,
+                        size_t a_stride, int64_t n_tok, float* y, int64_t ldy);
+
 struct KernelTable {
   CpuIsa isa = CpuIsa::scalar;
   // vec_dot[weight type](n, w, a): one weight row . one activation row in the weight type's
@@ -41,8 +50,14 @@ struct KernelTable {
   // quantize_row[activation type](x, y, n): float row -> blocks of q8_0 / q8_1 / q8_K (the
   // from_float of those types); null for other types.
   std::array<QuantizeRowFn, kKernelTypeCount> quantize_row{};
+  // gemm[weight type]: the tile kernel; null where the ISA has none, and then gemm_tile() loops
+  // over vec_dot.
+  std::array<GemmFn, kKernelTypeCount> gemm{};
 
   VecDotFn dot(GgmlType weight) const { return vec_dot[size_t(weight)]; }
+  // One tile of y = W a (GemmFn's contract) with the best kernel this table has for the type.
+  void gemm_tile(GgmlType weight, int64_t n, const void* w, size_t w_stride, int64_t n_rows,
+                 const void* a, size_t a_stride, int64_t n_tok, float* y, int64_t ldy) const;
   QuantizeRowFn quantize(GgmlType activation) const { return quantize_row[size_t(activation)]; }
 };
 
@@ -73,6 +88,9 @@ namespace detail {
 // entries, indexed by type id, so that those translation units instantiate no shared template.
 void add_avx2_kernels(VecDotFn* vec_dot, QuantizeRowFn* quantize_row);
 void add_avx512_kernels(VecDotFn* vec_dot, QuantizeRowFn* quantize_row);
+// The tile kernels of each ISA (src/cpu/avx2/gemm_avx2.cpp, src/cpu/avx512/gemm_avx512.cpp).
+void add_avx2_gemm(GemmFn* gemm);
+void add_avx512_gemm(GemmFn* gemm);
 }  // namespace detail
 
 }  // namespace strata::cpu
