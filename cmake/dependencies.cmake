@@ -11,3 +11,4 @@ if(STRATA_BUILD_BENCH)
   find_package(benchmark CONFIG REQUIRED)
 endif()
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)  # tokenizer pre-splitting (Unicode classes)
+pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc)  # core topology; pins the compute threads

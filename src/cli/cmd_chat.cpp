@@ -1,7 +1,6 @@
 // strata chat: interactive multi-turn chat on stdin / stdout. Each line is a user turn; the model's
 // reply streams back. The conversation is re-formatted with the chat template every turn and only
 // the tokens past what the KV cache already holds are evaluated.
-#include <omp.h>
 
 #include <cinttypes>
 #include <cstdio>
@@ -10,6 +9,7 @@
 #include <random>
 
 #include "cli/commands.h"
+#include "cpu/thread_pool.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
@@ -39,7 +39,7 @@ int fail(const std::string& m) {
 }
 
 int run_chat(ChatCliOptions o) {
-  if (o.threads > 0) omp_set_num_threads(o.threads);
+  if (o.threads > 0) cpu::set_compute_threads(o.threads);
   auto model = Model::load(o.model);
   if (!model) return fail(model.error().message);
   const Model& m = **model;

@@ -1,6 +1,5 @@
 // strata run: generate text from a prompt. strata bench: prefill and decode speed.
 // Both run the bundled default model when -m is not given.
-#include <omp.h>
 
 #include <chrono>
 #include <cinttypes>
@@ -9,6 +8,9 @@
 #include <random>
 
 #include "cli/commands.h"
+#include "cpu/calibrate.h"
+#include "cpu/kernels.h"
+#include "cpu/thread_pool.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
@@ -42,7 +44,7 @@ struct Loaded {
 };
 
 Result<Loaded> load(const CommonOptions& o, const char* cmd) {
-  if (o.threads > 0) omp_set_num_threads(o.threads);
+  if (o.threads > 0) cpu::set_compute_threads(o.threads);
   const auto t0 = Clock::now();
   auto m = Model::load(o.model);
   if (!m) return m.error();
@@ -50,7 +52,7 @@ Result<Loaded> load(const CommonOptions& o, const char* cmd) {
   if (!s) return s.error();
   std::fprintf(stderr, "%s: loaded %s (%s, %s) in %.2f s, %d threads\n", cmd, o.model.c_str(),
                s->arch.c_str(), format_bytes(double(s->n_bytes)).c_str(), seconds_since(t0),
-               omp_get_max_threads());
+               cpu::compute_pool().size());
   return Loaded{std::move(*m), std::move(*s)};
 }
 
@@ -139,7 +141,19 @@ int run_bench(const BenchOptions& o) {
   std::mt19937 rng(1234);
   std::vector<int32_t> prompt(size_t(o.n_prompt));
   for (auto& id : prompt) id = int32_t(rng() % uint32_t(V));
-  std::printf("%-12s %8s %8s %10s %12s\n", "test", "tokens", "seconds", "tok/s", "weights GB/s");
+  // The machine's limits, measured now (they drift on shared machines): decode is held to the DRAM
+  // roofline, prefill to the int8 dot-product peak.
+  cpu::ThreadPool& pool = cpu::compute_pool();
+  const double dram_gbps = cpu::measure_read_gbps(pool);
+  const double peak_gops = cpu::measure_int8_peak_gops(pool);
+  const ModelSummary& sm = loaded->summary;
+  const double roofline_tps = dram_gbps * 1e9 / double(sm.active_bytes_per_token);
+  std::printf("machine: %d threads, DRAM read %.1f GB/s, int8 peak %.0f GOP/s (%s)\n", pool.size(),
+              dram_gbps, peak_gops, std::string(cpu::isa_name()).c_str());
+  std::printf("model: %s read and %.2f G weights per token; decode roofline %.2f tok/s\n",
+              format_bytes(double(sm.active_bytes_per_token)).c_str(),
+              double(sm.active_params_per_token) / 1e9, roofline_tps);
+  std::printf("%-10s %7s %8s %9s %-28s\n", "test", "tokens", "seconds", "tok/s", "of the machine's limit");
   for (int rep = 0; rep < o.reps; ++rep) {
     const int64_t need = o.n_prompt + o.n_gen + 1;
     if (need > context_limit(m, o.common)) {
@@ -156,8 +170,11 @@ int run_bench(const BenchOptions& o) {
         return 1;
       }
       const double t = seconds_since(t0);
-      std::printf("%-12s %8d %8.2f %10.2f %12s\n", strfmt("pp%d", o.n_prompt).c_str(), o.n_prompt, t,
-                  o.n_prompt / t, "-");
+      // 2 ops per weight per token; the output head runs for the last token only
+      const double params = double(sm.active_params_per_token - sm.roles[int(TensorRole::output)].n_params);
+      const double gops = (2.0 * params * o.n_prompt + 2.0 * double(sm.roles[int(TensorRole::output)].n_params)) / t / 1e9;
+      std::printf("%-10s %7d %8.2f %9.2f %.0f GOP/s = %.2f of int8 peak\n", strfmt("pp%d", o.n_prompt).c_str(),
+                  o.n_prompt, t, o.n_prompt / t, gops, peak_gops > 0 ? gops / peak_gops : 0.0);
     }
     if (o.n_gen > 0) {
       int32_t next = prompt.empty() ? 0 : prompt.back();
@@ -172,9 +189,9 @@ int run_bench(const BenchOptions& o) {
       }
       const double t = seconds_since(t0);
       // what a decode step must read, per second: the weight-bandwidth a decoder achieves
-      const double gbs = double(loaded->summary.active_bytes_per_token) * o.n_gen / t / 1e9;
-      std::printf("%-12s %8d %8.2f %10.2f %12.2f\n", strfmt("tg%d", o.n_gen).c_str(), o.n_gen, t,
-                  o.n_gen / t, gbs);
+      const double gbs = double(sm.active_bytes_per_token) * o.n_gen / t / 1e9;
+      std::printf("%-10s %7d %8.2f %9.2f %.1f GB/s = %.2f of roofline\n", strfmt("tg%d", o.n_gen).c_str(),
+                  o.n_gen, t, o.n_gen / t, gbs, gbs / dram_gbps);
     }
   }
   return 0;

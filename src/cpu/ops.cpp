@@ -1,14 +1,14 @@
 #include "cpu/ops.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "base/error.h"
 #include "cpu/kernels.h"
 #include "cpu/quant_traits.h"
+#include "cpu/thread_pool.h"
 
 namespace strata::cpu {
 
@@ -28,76 +28,76 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return (s0 + s1) + (s2 + s3);
 }
 
-// Stores v into y[t][r]: assigned, or added with the token's scale.
-template <bool kAccumulate>
-inline void store(float* y, int64_t idx, float v, const float* scale, int64_t t) {
-  if constexpr (kAccumulate) {
-    y[idx] += scale ? v * scale[t] : v;
-  } else {
-    y[idx] = v;
-  }
-}
-
-// Exact path: each row dequantized once for all tokens.
-template <bool kAccumulate>
-void matmul_exact(const Weight& w, const float* x, int64_t n_tok, const float* scale, float* y) {
-  const QuantTraits& qt = quant_traits(w.type);
-  STRATA_CHECK(qt.dequantize_row != nullptr, "weight type without dequantize (loader must reject)");
-  const int64_t n_in = w.n_in, n_out = w.n_out;
-#pragma omp parallel
-  {
-    std::vector<float> row(static_cast<size_t>(n_in));
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < n_out; ++r) {
-      qt.dequantize_row(w.row(r), row.data(), n_in);
-      for (int64_t t = 0; t < n_tok; ++t)
-        store<kAccumulate>(y, t * n_out + r, dot(row.data(), x + t * n_in, n_in), scale, t);
-    }
-  }
-}
-
-// Quantized path: activations rounded once per call to the weight type's vec_dot type, then each
-// output row dotted with them by the start-up ISA's kernel (cpu_kernels(), kernels.h).
-template <bool kAccumulate>
-void matmul_quantized(const Weight& w, const float* x, int64_t n_tok, const float* scale, float* y) {
-  const QuantTraits& qt = quant_traits(w.type);
-  const KernelTable& kernels = cpu_kernels();
-  const VecDotFn vec_dot = kernels.dot(w.type);
-  STRATA_CHECK(vec_dot != nullptr, "weight type without vec_dot (loader must reject)");
-  const int64_t n_in = w.n_in, n_out = w.n_out;
-  STRATA_CHECK(n_in % int64_t(qt.block_size) == 0 && n_in % int64_t(quant_traits(qt.vec_dot_type).block_size) == 0,
-               "row length is not a whole number of blocks (the kernels do not check)");
-  const void* act = x;
-  size_t act_row_bytes = size_t(n_in) * sizeof(float);
-  std::vector<uint8_t> xq;
-  if (qt.vec_dot_type != GgmlType::f32) {
-    const QuantizeRowFn quantize = kernels.quantize(qt.vec_dot_type);
-    STRATA_CHECK(quantize != nullptr, "vec_dot_type without a quantizer");
-    act_row_bytes = ggml_row_bytes(qt.vec_dot_type, uint64_t(n_in));
-    xq.resize(act_row_bytes * size_t(n_tok));
-    for (int64_t t = 0; t < n_tok; ++t) quantize(x + t * n_in, xq.data() + size_t(t) * act_row_bytes, n_in);
-    act = xq.data();
-  }
-  const auto* a = static_cast<const uint8_t*>(act);
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < n_out; ++r) {
-    const uint8_t* wr = w.row(r);
-    for (int64_t t = 0; t < n_tok; ++t)
-      store<kAccumulate>(y, t * n_out + r, vec_dot(n_in, wr, a + size_t(t) * act_row_bytes), scale, t);
-  }
-}
-
 }  // namespace
 
-void CpuBackend::matmul(const Weight& w, const float* x, int64_t n_tok, float* y) const {
-  if (path_ == MatmulPath::exact) matmul_exact<false>(w, x, n_tok, nullptr, y);
-  else matmul_quantized<false>(w, x, n_tok, nullptr, y);
+size_t CpuBackend::act_row_bytes(GgmlType weight_type, int64_t n_in) const {
+  const GgmlType act = quant_traits(weight_type).vec_dot_type;
+  if (path_ == MatmulPath::exact || act == GgmlType::f32) return size_t(n_in) * sizeof(float);
+  return ggml_row_bytes(act, uint64_t(n_in));
 }
 
-void CpuBackend::matmul_add(const Weight& w, const float* x, int64_t n_tok, const float* scale,
-                            float* y) const {
-  if (path_ == MatmulPath::exact) matmul_exact<true>(w, x, n_tok, scale, y);
-  else matmul_quantized<true>(w, x, n_tok, scale, y);
+void CpuBackend::prepare_row(GgmlType weight_type, const float* x, int64_t n_in, uint8_t* out) const {
+  const QuantTraits& qt = quant_traits(weight_type);
+  if (path_ == MatmulPath::exact || qt.vec_dot_type == GgmlType::f32) {
+    std::memcpy(out, x, size_t(n_in) * sizeof(float));
+    return;
+  }
+  STRATA_CHECK(n_in % int64_t(qt.block_size) == 0 &&
+                   n_in % int64_t(quant_traits(qt.vec_dot_type).block_size) == 0,
+               "row length is not a whole number of blocks (the kernels do not check)");
+  const QuantizeRowFn quantize = cpu_kernels().quantize(qt.vec_dot_type);
+  STRATA_CHECK(quantize != nullptr, "vec_dot_type without a quantizer");
+  quantize(x, out, n_in);
+}
+
+ActRows CpuBackend::prepare(GgmlType weight_type, const float* x, int64_t n_tok, int64_t n_in,
+                            std::vector<uint8_t>& buf) const {
+  const size_t row_bytes = act_row_bytes(weight_type, n_in);
+  buf.resize(row_bytes * size_t(n_tok));
+  uint8_t* out = buf.data();
+  compute_pool().run(n_tok, [&](int64_t t, int) {
+    prepare_row(weight_type, x + t * n_in, n_in, out + size_t(t) * row_bytes);
+  });
+  return ActRows{buf.data(), row_bytes, n_tok};
+}
+
+void CpuBackend::tile(const Weight& w, int64_t r0, int64_t r1, const ActRows& a, float* y,
+                      int64_t ldy) const {
+  if (r1 <= r0 || a.n_tok == 0) return;
+  if (path_ == MatmulPath::quantized) {
+    cpu_kernels().gemm_tile(w.type, w.n_in, w.row(r0), w.row_bytes, r1 - r0, a.data, a.row_bytes,
+                            a.n_tok, y, ldy);
+    return;
+  }
+  // exact: each row dequantized once for all tokens
+  const QuantTraits& qt = quant_traits(w.type);
+  STRATA_CHECK(qt.dequantize_row != nullptr, "weight type without dequantize (loader must reject)");
+  thread_local std::vector<float> row;
+  row.resize(size_t(w.n_in));
+  for (int64_t r = r0; r < r1; ++r) {
+    qt.dequantize_row(w.row(r), row.data(), w.n_in);
+    for (int64_t t = 0; t < a.n_tok; ++t)
+      y[t * ldy + (r - r0)] = dot(row.data(), reinterpret_cast<const float*>(a.row(t)), w.n_in);
+  }
+}
+
+int64_t CpuBackend::rows_per_task(int64_t n_out, int n_threads) {
+  // about 4 tasks per thread, at least 16 rows, a multiple of 16
+  const int64_t want = n_out / (4 * int64_t(n_threads));
+  return std::max<int64_t>(16, want / 16 * 16);
+}
+
+void CpuBackend::matmul(const Weight& w, const float* x, int64_t n_tok, float* y) const {
+  if (n_tok == 0 || w.n_out == 0) return;
+  thread_local std::vector<uint8_t> buf;
+  const ActRows a = prepare(w.type, x, n_tok, w.n_in, buf);
+  ThreadPool& pool = compute_pool();
+  const int64_t chunk = rows_per_task(w.n_out, pool.size());
+  const int64_t n_tasks = (w.n_out + chunk - 1) / chunk;
+  pool.run(n_tasks, [&](int64_t task, int) {
+    const int64_t r0 = task * chunk, r1 = std::min(w.n_out, r0 + chunk);
+    tile(w, r0, r1, a, y + r0, w.n_out);
+  });
 }
 
 void get_row(const Weight& w, int64_t row, float* out) {

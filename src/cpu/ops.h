@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "model/weights.h"
 
@@ -16,16 +17,40 @@ namespace strata::cpu {
 
 enum class MatmulPath { exact, quantized };
 
+// Activation rows prepared for weights of one type: in the type's vec_dot format (quantized path)
+// or float (exact path). A view; the bytes belong to the buffer given to CpuBackend::prepare.
+struct ActRows {
+  const uint8_t* data = nullptr;  // [n_tok][row_bytes]
+  size_t row_bytes = 0;
+  int64_t n_tok = 0;
+  const uint8_t* row(int64_t t) const { return data + size_t(t) * row_bytes; }
+};
+
 class CpuBackend {
  public:
   explicit CpuBackend(MatmulPath path = MatmulPath::quantized) : path_(path) {}
   MatmulPath path() const { return path_; }
 
   // y[t][0..n_out) = W x[t] for t < n_tok. x: [n_tok][w.n_in], y: [n_tok][w.n_out] (no aliasing).
-  // Rows are split over the OpenMP threads.
+  // Activations prepared once; row chunks of W are tasks of compute_pool().
   void matmul(const Weight& w, const float* x, int64_t n_tok, float* y) const;
-  // y[t] += W x[t] * scale[t] (scale null means 1): used to accumulate expert outputs.
-  void matmul_add(const Weight& w, const float* x, int64_t n_tok, const float* scale, float* y) const;
+
+  // The two halves of matmul, for callers that batch several matrices into one dispatch (the
+  // expert FFN). prepare: x [n_tok][n_in] for weights of type `weight_type`, into buf (resized;
+  // rows may be prepared in parallel on compute_pool()). act_row_bytes: the size of one prepared
+  // row.
+  size_t act_row_bytes(GgmlType weight_type, int64_t n_in) const;
+  ActRows prepare(GgmlType weight_type, const float* x, int64_t n_tok, int64_t n_in,
+                  std::vector<uint8_t>& buf) const;
+  // One row of prepare, on the calling thread: out[0..act_row_bytes(weight_type, n_in)).
+  void prepare_row(GgmlType weight_type, const float* x, int64_t n_in, uint8_t* out) const;
+  // One task's share: y[t * ldy + (r - r0)] = (row r of W) . a[t] for r in [r0, r1), t < a.n_tok,
+  // on the calling thread. W is a 2D weight (a slice of a stack); a was prepared for W's type.
+  void tile(const Weight& w, int64_t r0, int64_t r1, const ActRows& a, float* y, int64_t ldy) const;
+
+  // Rows per task for a matrix of n_out rows: a multiple of 16 (the tile kernels' row block) that
+  // gives every thread several tasks.
+  static int64_t rows_per_task(int64_t n_out, int n_threads);
 
  private:
   MatmulPath path_;

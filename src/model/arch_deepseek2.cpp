@@ -8,6 +8,7 @@
 // W_vb[h] (sum_j p_j c_j).
 #include <vector>
 
+#include "cpu/thread_pool.h"
 #include "model/blocks.h"
 #include "model/forward.h"
 
@@ -33,31 +34,28 @@ void mla_attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeig
   for (int64_t h = 0; h < H; ++h) {
     gather(q, n_tok, H * QK, h * QK, NOPE, qn.data());
     be.matmul(l.wk_b.slice(h), qn.data(), n_tok, qc.data());  // absorbed query, kv_lora wide
-#pragma omp parallel
-    {
-      std::vector<float> score(static_cast<size_t>(n_kv));
-#pragma omp for schedule(static)
-      for (int64_t t = 0; t < n_tok; ++t) {
-        const int64_t pos = pos0 + t;
-        const float* qct = &qc[size_t(t * R)];
-        const float* qpe = q + t * H * QK + h * QK + NOPE;
-        for (int64_t j = 0; j <= pos; ++j) {
-          const float* row = cache.k_row(il, j);  // [c (R) | k_pe (ROPE)]
-          float s = 0, s_pe = 0;
-          for (int64_t i = 0; i < R; ++i) s += qct[i] * row[i];
-          for (int64_t i = 0; i < ROPE; ++i) s_pe += qpe[i] * row[R + i];
-          score[size_t(j)] = (s + s_pe) * hp.attn_scale;
-        }
-        cpu::softmax(score.data(), pos + 1);
-        float* c = &ctx[size_t(t * R)];
-        std::fill(c, c + R, 0.0f);
-        for (int64_t j = 0; j <= pos; ++j) {
-          const float* row = cache.k_row(il, j);
-          const float w = score[size_t(j)];
-          for (int64_t i = 0; i < R; ++i) c[i] += w * row[i];
-        }
+    cpu::compute_pool().run(n_tok, [&](int64_t t, int) {
+      thread_local std::vector<float> score;
+      score.resize(size_t(n_kv));
+      const int64_t pos = pos0 + t;
+      const float* qct = &qc[size_t(t * R)];
+      const float* qpe = q + t * H * QK + h * QK + NOPE;
+      for (int64_t j = 0; j <= pos; ++j) {
+        const float* row = cache.k_row(il, j);  // [c (R) | k_pe (ROPE)]
+        float s = 0, s_pe = 0;
+        for (int64_t i = 0; i < R; ++i) s += qct[i] * row[i];
+        for (int64_t i = 0; i < ROPE; ++i) s_pe += qpe[i] * row[R + i];
+        score[size_t(j)] = (s + s_pe) * hp.attn_scale;
       }
-    }
+      cpu::softmax(score.data(), pos + 1);
+      float* c = &ctx[size_t(t * R)];
+      std::fill(c, c + R, 0.0f);
+      for (int64_t j = 0; j <= pos; ++j) {
+        const float* row = cache.k_row(il, j);
+        const float w = score[size_t(j)];
+        for (int64_t i = 0; i < R; ++i) c[i] += w * row[i];
+      }
+    });
     be.matmul(l.wv_b.slice(h), ctx.data(), n_tok, o.data());
     scatter(o.data(), n_tok, H * DV, h * DV, DV, out);
   }

@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
+
+#include "cpu/quant_traits.h"
+#include "cpu/thread_pool.h"
 
 namespace strata {
 
@@ -88,112 +92,256 @@ Routing route(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& 
   return r;
 }
 
-void swiglu_ffn(const cpu::CpuBackend& be, const Weight& gate, const Weight& up, const Weight& down, const float* h,
-                int64_t n_tok, const float* scale, bool accumulate, float* out, const SwigluOptions& opt) {
-  const int64_t F = gate.n_out, E = down.n_out;
-  std::vector<float> g(size_t(n_tok * F)), u(size_t(n_tok * F));
-  be.matmul(gate, h, n_tok, g.data());
-  be.matmul(up, h, n_tok, u.data());
-  for (int64_t t = 0; t < n_tok; ++t) {
-    if (opt.gate_b) cpu::add(&g[size_t(t * F)], opt.gate_b, F);
-    if (opt.up_b) cpu::add(&u[size_t(t * F)], opt.up_b, F);
-  }
-  switch (opt.glu.kind) {
+namespace {
+
+// One SwiGLU FFN of a batch (a routed expert, a shared expert or a dense FFN) and the rows of h it
+// runs on: out[tokens[i]] += scale[i] * (down(act(gate h + gate_b) * (up h + up_b)) + down_b).
+struct FfnWork {
+  Weight gate, up, down;  // 2D: [F][E], [F][E], [E][F]
+  const float* gate_b = nullptr;  // [F] (null: none)
+  const float* up_b = nullptr;    // [F]
+  const float* down_b = nullptr;  // [E]
+  std::vector<int64_t> tokens;    // rows of h, increasing
+  std::vector<float> scale;       // per token (same length as tokens)
+};
+
+// act(g) * u, in place in g.
+void glu(const GluParams& p, float* g, const float* u, int64_t n) {
+  switch (p.kind) {
     case GluKind::silu:
-      for (size_t i = 0; i < g.size(); ++i) g[i] = cpu::silu(g[i]) * u[i];
+      for (int64_t i = 0; i < n; ++i) g[i] = cpu::silu(g[i]) * u[i];
       break;
-    case GluKind::swiglu_oai: {
-      const float alpha = opt.glu.alpha, limit = opt.glu.limit;
-      for (size_t i = 0; i < g.size(); ++i) {
-        const float x = std::min(g[i], limit), y = std::clamp(u[i], -limit, limit);
-        g[i] = x / (1.0f + std::exp(-alpha * x)) * (y + 1.0f);
+    case GluKind::swiglu_oai:
+      for (int64_t i = 0; i < n; ++i) {
+        const float x = std::min(g[i], p.limit), y = std::clamp(u[i], -p.limit, p.limit);
+        g[i] = x / (1.0f + std::exp(-p.alpha * x)) * (y + 1.0f);
       }
       break;
-    }
   }
-  const float* b = opt.down_b;
-  if (accumulate) {
-    be.matmul_add(down, g.data(), n_tok, scale, out);
-    for (int64_t t = 0; b && t < n_tok; ++t)
-      for (int64_t i = 0; i < E; ++i) out[t * E + i] += b[i] * (scale ? scale[t] : 1.0f);
-  } else {
-    be.matmul(down, g.data(), n_tok, out);
-    for (int64_t t = 0; t < n_tok; ++t) {
-      if (b) cpu::add(out + t * E, b, E);
-      if (scale)
-        for (int64_t i = 0; i < E; ++i) out[t * E + i] *= scale[t];
+}
+
+// A task: rows [r0, r1) of one FFN's matrix.
+struct RowTask {
+  int32_t ffn;
+  int64_t r0, r1;
+};
+
+// Cuts rows [0, n_rows) of every FFN into tasks, about four per thread over the whole batch (so
+// that one expert with many tokens and seven with one stay balanced), in multiples of 16 rows.
+std::vector<RowTask> row_tasks(const std::vector<FfnWork>& ffns, int64_t n_rows, int n_threads) {
+  const int64_t total = n_rows * int64_t(ffns.size());
+  int64_t chunk = std::max<int64_t>(16, total / (4 * int64_t(n_threads)) / 16 * 16);
+  chunk = std::min(chunk, (n_rows + 15) / 16 * 16);
+  std::vector<RowTask> tasks;
+  for (size_t e = 0; e < ffns.size(); ++e)
+    for (int64_t r0 = 0; r0 < n_rows; r0 += chunk)
+      tasks.push_back({int32_t(e), r0, std::min(n_rows, r0 + chunk)});
+  return tasks;
+}
+
+// Runs every FFN of the batch on compute_pool() in four dispatches: gate and up with the GLU (all
+// FFNs' row chunks taken from one counter), the activations' quantization, down, and the weighted
+// sum into out (per column chunk, FFNs in batch order, so the sum's order is fixed). h: [*][E]
+// rows, quantized once for the whole batch; every FFN's matrices share one type per role (the
+// stacks of a layer).
+void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const float* h,
+              int64_t n_h, const GluParams& glu_p, float* out) {
+  if (ffns.empty()) return;
+  cpu::ThreadPool& pool = cpu::compute_pool();
+  const Weight& g0 = ffns[0].gate;
+  const Weight& u0 = ffns[0].up;
+  const Weight& d0 = ffns[0].down;
+  const int64_t E = g0.n_in, F = g0.n_out;
+  for (const FfnWork& f : ffns)
+    STRATA_CHECK(f.gate.type == g0.type && f.up.type == u0.type && f.down.type == d0.type &&
+                 f.gate.n_out == F && f.down.n_out == E && f.tokens.size() == f.scale.size());
+
+  // The caller's scratch, reused across layers (large in prefill). A local reference: the tasks on
+  // other threads must see these buffers, not their own thread's.
+  struct Scratch {
+    std::vector<uint8_t> hg, hu, xg, xu, ya;  // prepared activations
+    std::vector<float> act, y;
+  };
+  thread_local Scratch tl_scratch;
+  Scratch& sc = tl_scratch;
+  std::vector<uint8_t> &xg = sc.xg, &xu = sc.xu, &ya = sc.ya;
+  std::vector<float> &act = sc.act, &y = sc.y;
+
+  // h prepared once for gate (and for up when its activation format differs)
+  const cpu::ActRows hg = be.prepare(g0.type, h, n_h, E, sc.hg);
+  const bool same_act = be.act_row_bytes(u0.type, E) == hg.row_bytes &&
+                        quant_traits(u0.type).vec_dot_type == quant_traits(g0.type).vec_dot_type;
+  const cpu::ActRows hu = same_act ? hg : be.prepare(u0.type, h, n_h, E, sc.hu);
+
+  // each FFN's rows gathered: x (for gate), xu (for up); act: [n][F] float; ya: act prepared for
+  // down; y: [n][E]
+  const size_t n_ffn = ffns.size();
+  std::vector<size_t> first(n_ffn + 1, 0);  // first row of FFN e in the batch-wide buffers
+  for (size_t e = 0; e < n_ffn; ++e) first[e + 1] = first[e] + ffns[e].tokens.size();
+  const size_t n_rows = first[n_ffn];
+  xg.resize(n_rows * hg.row_bytes);
+  if (!same_act) xu.resize(n_rows * hu.row_bytes);
+  act.resize(n_rows * size_t(F));
+  y.resize(n_rows * size_t(E));
+  for (size_t e = 0; e < n_ffn; ++e)
+    for (size_t i = 0; i < ffns[e].tokens.size(); ++i) {
+      const int64_t t = ffns[e].tokens[i];
+      std::memcpy(&xg[(first[e] + i) * hg.row_bytes], hg.row(t), hg.row_bytes);
+      if (!same_act) std::memcpy(&xu[(first[e] + i) * hu.row_bytes], hu.row(t), hu.row_bytes);
     }
-  }
+  auto rows_of = [&](const std::vector<uint8_t>& buf, size_t row_bytes, size_t e) {
+    return cpu::ActRows{buf.data() + first[e] * row_bytes, row_bytes, int64_t(ffns[e].tokens.size())};
+  };
+
+  // gate, up, GLU
+  const std::vector<RowTask> up_tasks = row_tasks(ffns, F, pool.size());
+  pool.run(int64_t(up_tasks.size()), [&](int64_t i, int) {
+    const RowTask& task = up_tasks[size_t(i)];
+    const FfnWork& f = ffns[size_t(task.ffn)];
+    const cpu::ActRows xe = rows_of(xg, hg.row_bytes, size_t(task.ffn));
+    const cpu::ActRows xue = same_act ? xe : rows_of(xu, hu.row_bytes, size_t(task.ffn));
+    const int64_t w = task.r1 - task.r0;
+    thread_local std::vector<float> g, u;
+    g.resize(size_t(xe.n_tok * w));
+    u.resize(size_t(xe.n_tok * w));
+    be.tile(f.gate, task.r0, task.r1, xe, g.data(), w);
+    be.tile(f.up, task.r0, task.r1, xue, u.data(), w);
+    for (int64_t t = 0; t < xe.n_tok; ++t) {
+      float* gt = &g[size_t(t * w)];
+      float* ut = &u[size_t(t * w)];
+      if (f.gate_b) cpu::add(gt, f.gate_b + task.r0, w);
+      if (f.up_b) cpu::add(ut, f.up_b + task.r0, w);
+      glu(glu_p, gt, ut, w);
+      std::copy_n(gt, w, &act[(first[size_t(task.ffn)] + size_t(t)) * size_t(F) + size_t(task.r0)]);
+    }
+  });
+
+  // the activations, prepared for down
+  const size_t ya_row = be.act_row_bytes(d0.type, F);
+  ya.resize(n_rows * ya_row);
+  pool.run(int64_t(n_rows), [&](int64_t r, int) {
+    be.prepare_row(d0.type, &act[size_t(r) * size_t(F)], F, &ya[size_t(r) * ya_row]);
+  });
+
+  // down (+ bias)
+  const std::vector<RowTask> down_tasks = row_tasks(ffns, E, pool.size());
+  pool.run(int64_t(down_tasks.size()), [&](int64_t i, int) {
+    const RowTask& task = down_tasks[size_t(i)];
+    const FfnWork& f = ffns[size_t(task.ffn)];
+    const size_t row0 = first[size_t(task.ffn)];
+    const cpu::ActRows ae = rows_of(ya, ya_row, size_t(task.ffn));
+    float* ye = &y[row0 * size_t(E) + size_t(task.r0)];
+    be.tile(f.down, task.r0, task.r1, ae, ye, E);
+    if (f.down_b)
+      for (int64_t t = 0; t < ae.n_tok; ++t) cpu::add(ye + t * E, f.down_b + task.r0, task.r1 - task.r0);
+  });
+
+  // out[token] += scale * y, FFNs in batch order
+  const int64_t col_chunk = 256;
+  pool.run((E + col_chunk - 1) / col_chunk, [&](int64_t c, int) {
+    const int64_t c0 = c * col_chunk, c1 = std::min(E, c0 + col_chunk);
+    for (size_t e = 0; e < n_ffn; ++e)
+      for (size_t i = 0; i < ffns[e].tokens.size(); ++i) {
+        const float s = ffns[e].scale[i];
+        const float* yr = &y[(first[e] + i) * size_t(E)];
+        float* o = out + ffns[e].tokens[i] * E;
+        for (int64_t j = c0; j < c1; ++j) o[j] += yr[j] * s;
+      }
+  });
+}
+
+}  // namespace
+
+void swiglu_ffn(const cpu::CpuBackend& be, const Weight& gate, const Weight& up, const Weight& down, const float* h,
+                int64_t n_tok, const float* scale, bool accumulate, float* out, const SwigluOptions& opt) {
+  if (!accumulate) std::fill(out, out + n_tok * down.n_out, 0.0f);
+  std::vector<FfnWork> ffns(1);
+  FfnWork& f = ffns[0];
+  f.gate = gate;
+  f.up = up;
+  f.down = down;
+  f.gate_b = opt.gate_b;
+  f.up_b = opt.up_b;
+  f.down_b = opt.down_b;
+  f.tokens.resize(size_t(n_tok));
+  std::iota(f.tokens.begin(), f.tokens.end(), int64_t(0));
+  f.scale.assign(size_t(n_tok), 1.0f);
+  if (scale) f.scale.assign(scale, scale + n_tok);
+  run_ffns(be, ffns, h, n_tok, opt.glu, out);
 }
 
 void moe_ffn(const cpu::CpuBackend& be, const LayerWeights& l, const Routing& r, const float* h, int64_t n_tok, int64_t n_embd,
              float* out, const GluParams& glu) {
   std::fill(out, out + n_tok * n_embd, 0.0f);
   const int64_t n_exp = l.gate_exps.n_mat;
-  // tokens of each expert, in token order
-  std::vector<std::vector<int64_t>> tokens(static_cast<size_t>(n_exp));
-  std::vector<std::vector<float>> weights(static_cast<size_t>(n_exp));
+  // the active experts in id order, each with its tokens in token order
+  std::vector<int32_t> slot(size_t(n_exp), -1);
+  std::vector<FfnWork> ffns;
   for (int64_t t = 0; t < n_tok; ++t) {
     for (int j = 0; j < r.k; ++j) {
       const int e = r.ids[size_t(t * r.k + j)];
-      tokens[size_t(e)].push_back(t);
-      weights[size_t(e)].push_back(r.weights[size_t(t * r.k + j)]);
+      STRATA_CHECK(e >= 0 && e < n_exp, "routed to an expert the layer does not have");
+      if (slot[size_t(e)] < 0) {
+        slot[size_t(e)] = int32_t(ffns.size());
+        ffns.emplace_back();
+      }
+      FfnWork& f = ffns[size_t(slot[size_t(e)])];
+      f.tokens.push_back(t);
+      f.scale.push_back(r.weights[size_t(t * r.k + j)]);
     }
   }
+  std::vector<int32_t> order_of_slot;  // slots sorted by expert id
+  for (int64_t e = 0; e < n_exp; ++e)
+    if (slot[size_t(e)] >= 0) order_of_slot.push_back(int32_t(e));
+  std::vector<FfnWork> sorted;
+  sorted.reserve(ffns.size());
   const int64_t F = l.gate_exps.n_out;
   // expert e's bias: row e of a stacked [n_expert][width] bias (null when the layer has none)
   auto bias = [](const Weight& b, int64_t e, int64_t width) {
     return b ? f32(b) + e * width : nullptr;
   };
-  std::vector<float> x, y;
-  for (int64_t e = 0; e < n_exp; ++e) {
-    const auto& toks = tokens[size_t(e)];
-    if (toks.empty()) continue;
-    const int64_t n = int64_t(toks.size());
-    x.resize(size_t(n * n_embd));
-    y.resize(size_t(n * n_embd));
-    for (int64_t i = 0; i < n; ++i)
-      std::copy_n(h + toks[size_t(i)] * n_embd, n_embd, x.begin() + i * n_embd);
-    const SwigluOptions opt{.gate_b = bias(l.gate_exps_b, e, F), .up_b = bias(l.up_exps_b, e, F),
-                            .down_b = bias(l.down_exps_b, e, n_embd), .glu = glu};
-    swiglu_ffn(be, l.gate_exps.slice(e), l.up_exps.slice(e), l.down_exps.slice(e), x.data(), n,
-               weights[size_t(e)].data(), false, y.data(), opt);
-    for (int64_t i = 0; i < n; ++i) cpu::add(out + toks[size_t(i)] * n_embd, y.data() + i * n_embd, n_embd);
+  for (int32_t e : order_of_slot) {
+    FfnWork f = std::move(ffns[size_t(slot[size_t(e)])]);
+    f.gate = l.gate_exps.slice(e);
+    f.up = l.up_exps.slice(e);
+    f.down = l.down_exps.slice(e);
+    f.gate_b = bias(l.gate_exps_b, e, F);
+    f.up_b = bias(l.up_exps_b, e, F);
+    f.down_b = bias(l.down_exps_b, e, n_embd);
+    sorted.push_back(std::move(f));
   }
+  run_ffns(be, sorted, h, n_tok, glu, out);
 }
 
 void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const float* q,
                    int64_t n_tok, int64_t pos0, float* out) {
   const int group = p.n_head / p.n_head_kv;
   const int64_t n_kv = pos0 + n_tok;
-#pragma omp parallel
-  {
-    std::vector<float> score(static_cast<size_t>(n_kv));
-#pragma omp for collapse(2) schedule(static)
-    for (int64_t t = 0; t < n_tok; ++t) {
-      for (int h = 0; h < p.n_head; ++h) {
-        const int64_t pos = pos0 + t;
-        const int64_t j0 = p.n_swa > 0 ? std::max<int64_t>(0, pos - p.n_swa + 1) : 0;  // first key
-        const int hk = h / group;
-        const float* qh = q + (t * p.n_head + h) * p.head_dim_k;
-        for (int64_t j = j0; j <= pos; ++j) {
-          const float* kj = cache.k_row(layer, j) + hk * p.head_dim_k;
-          float s = 0;
-          for (int d = 0; d < p.head_dim_k; ++d) s += qh[d] * kj[d];
-          score[size_t(j - j0)] = s * p.scale;
-        }
-        if (p.sinks) softmax_with_sink(score.data(), pos + 1 - j0, p.sinks[h]);
-        else cpu::softmax(score.data(), pos + 1 - j0);
-        float* o = out + (t * p.n_head + h) * p.head_dim_v;
-        std::fill(o, o + p.head_dim_v, 0.0f);
-        for (int64_t j = j0; j <= pos; ++j) {
-          const float* vj = cache.v_row(layer, j) + hk * p.head_dim_v;
-          const float w = score[size_t(j - j0)];
-          for (int d = 0; d < p.head_dim_v; ++d) o[d] += w * vj[d];
-        }
-      }
+  cpu::compute_pool().run(n_tok * p.n_head, [&](int64_t task, int) {
+    thread_local std::vector<float> score;
+    score.resize(size_t(n_kv));
+    const int64_t t = task / p.n_head;
+    const int h = int(task % p.n_head);
+    const int64_t pos = pos0 + t;
+    const int64_t j0 = p.n_swa > 0 ? std::max<int64_t>(0, pos - p.n_swa + 1) : 0;  // first key
+    const int hk = h / group;
+    const float* qh = q + (t * p.n_head + h) * p.head_dim_k;
+    for (int64_t j = j0; j <= pos; ++j) {
+      const float* kj = cache.k_row(layer, j) + hk * p.head_dim_k;
+      float s = 0;
+      for (int d = 0; d < p.head_dim_k; ++d) s += qh[d] * kj[d];
+      score[size_t(j - j0)] = s * p.scale;
     }
-  }
+    if (p.sinks) softmax_with_sink(score.data(), pos + 1 - j0, p.sinks[h]);
+    else cpu::softmax(score.data(), pos + 1 - j0);
+    float* o = out + (t * p.n_head + h) * p.head_dim_v;
+    std::fill(o, o + p.head_dim_v, 0.0f);
+    for (int64_t j = j0; j <= pos; ++j) {
+      const float* vj = cache.v_row(layer, j) + hk * p.head_dim_v;
+      const float w = score[size_t(j - j0)];
+      for (int d = 0; d < p.head_dim_v; ++d) o[d] += w * vj[d];
+    }
+  });
 }
 
 void embed(const Model& m, const int32_t* tokens, int64_t n_tok, float* x) {

@@ -94,8 +94,9 @@ Result<ModelSummary> summarize_model(const GgufFile& f) {
 
   std::unordered_map<std::string, size_t> pattern_index;
   std::map<int, uint64_t> expert_bytes_by_layer;  // bytes of all experts of a layer
+  std::map<int, uint64_t> expert_params_by_layer;  // parameters of all experts of a layer
   std::map<int, uint64_t> n_expert_by_layer;
-  uint64_t active = 0;
+  uint64_t active = 0, active_params = 0;
 
   for (const GgufTensorInfo& t : f.tensors()) {
     const TensorRole role = classify_tensor(t.name);
@@ -132,10 +133,13 @@ Result<ModelSummary> summarize_model(const GgufFile& f) {
                             f.name().c_str(), t.name.c_str(), n_exp, layer, ne_it->second)};
       }
       expert_bytes_by_layer[layer] += t.n_bytes;
+      expert_params_by_layer[layer] += params_of(t);
     } else if ((&t == embd && !tied_output) || t.name.find("ffn_gate_tid2eid") != std::string::npos) {
       active += t.row_bytes();  // tables looked up by token id: one row per token
+      active_params += t.ne[0];
     } else {
       active += t.n_bytes;
+      if (t.n_dims >= 2) active_params += params_of(t);  // matrices: vectors (norms, biases) add no matmul work
     }
   }
 
@@ -159,9 +163,11 @@ Result<ModelSummary> summarize_model(const GgufFile& f) {
       s.expert_bytes_max = std::max(s.expert_bytes_max, per_expert);
       s.expert_bytes_total += bytes;
       active += per_expert * s.n_expert_used;
+      active_params += expert_params_by_layer[layer] / n_exp * s.n_expert_used;
     }
   }
   s.active_bytes_per_token = active;
+  s.active_params_per_token = active_params;
   return s;
 }
 

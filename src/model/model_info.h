@@ -71,6 +71,9 @@ struct ModelSummary {
   // Bytes one decode step reads: one embedding row, all non-expert weights, and n_expert_used
   // experts per MoE layer. MTP (nextn) layers are excluded: strata does not run them in decode.
   uint64_t active_bytes_per_token = 0;
+  // Weight-matrix elements of that step (each one multiply-add per token: 2 ops per token in a
+  // prefill's GEMM); the embedding row counts its n_embd elements.
+  uint64_t active_params_per_token = 0;
   uint64_t n_nextn_layers = 0;
 };
 

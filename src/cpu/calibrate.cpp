@@ -1,0 +1,100 @@
+#include "cpu/calibrate.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <vector>
+
+#include "base/error.h"
+#include "cpu/kernels.h"
+
+namespace strata::cpu {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Sums a range with eight independent accumulators (the compiler vectorises the loop; the sum keeps
+// the reads from being optimised away).
+uint64_t sum_range(const uint64_t* p, size_t n) {
+  uint64_t s[8] = {};
+  for (size_t i = 0; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) s[j] += p[i + size_t(j)];
+  return s[0] ^ s[1] ^ s[2] ^ s[3] ^ s[4] ^ s[5] ^ s[6] ^ s[7];
+}
+
+}  // namespace
+
+double measure_read_gbps(ThreadPool& pool, size_t bytes, int passes) {
+  const int n_threads = pool.size();
+  const size_t n = bytes / sizeof(uint64_t) / size_t(n_threads) / 64 * 64;  // per thread
+  STRATA_CHECK(n > 0, "bandwidth probe buffer too small");
+  std::vector<uint64_t*> parts(size_t(n_threads), nullptr);
+  pool.run(n_threads, [&](int64_t i, int) {
+    auto* p = static_cast<uint64_t*>(std::aligned_alloc(4096, n * sizeof(uint64_t)));
+    STRATA_CHECK(p != nullptr, "out of memory for the bandwidth probe");
+    for (size_t j = 0; j < n; ++j) p[j] = j * 0x9e3779b97f4a7c15ull;
+    parts[size_t(i)] = p;
+  });
+  std::atomic<uint64_t> sink{0};
+  double best = 0;
+  for (int pass = 0; pass < passes; ++pass) {
+    const auto t0 = Clock::now();
+    // one task per thread, each on its own part (tasks are taken dynamically, so a thread may
+    // take two parts; the time is still that of all bytes read once)
+    pool.run(n_threads, [&](int64_t i, int) { sink ^= sum_range(parts[size_t(i)], n); });
+    best = std::max(best, double(n * sizeof(uint64_t) * size_t(n_threads)) / seconds_since(t0) / 1e9);
+  }
+  for (uint64_t* p : parts) std::free(p);
+  if (sink.load() == 42) std::abort();  // practically never; keeps the sums alive
+  return best;
+}
+
+double measure_int8_peak_gops(ThreadPool& pool) {
+  const CpuIsa isa = cpu_kernels().isa;
+  if (isa == CpuIsa::scalar) return 0;
+  auto loop = [isa](long iters) {
+#if STRATA_X86_KERNELS
+    return isa == CpuIsa::avx512 ? detail::int8_loop_avx512(iters) : detail::int8_loop_avx2(iters);
+#else
+    (void)isa;
+    (void)iters;
+    return 0.0;
+#endif
+  };
+  // size the run to ~50 ms on one thread
+  long iters = 1 << 16;
+  for (;;) {
+    const auto t0 = Clock::now();
+    loop(iters);
+    if (seconds_since(t0) > 0.01 || iters > (1L << 30)) break;
+    iters *= 4;
+  }
+  const double t_one = [&] {
+    const auto t0 = Clock::now();
+    loop(iters);
+    return seconds_since(t0);
+  }();
+  iters = std::max(1L, long(double(iters) * 0.05 / t_one));
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::atomic<double> macs{0};
+    const auto t0 = Clock::now();
+    pool.run(pool.size(), [&](int64_t, int) {
+      const double m = loop(iters);
+      double cur = macs.load();
+      while (!macs.compare_exchange_weak(cur, cur + m)) {
+      }
+    });
+    best = std::max(best, 2.0 * macs.load() / seconds_since(t0) / 1e9);
+  }
+  return best;
+}
+
+}  // namespace strata::cpu
