@@ -43,7 +43,10 @@ KernelTable build_table(CpuIsa isa) {
 void KernelTable::gemm_tile(GgmlType weight, int64_t n, const void* w, size_t w_stride,
                             int64_t n_rows, const void* a, size_t a_stride, int64_t n_tok, float* y,
                             int64_t ldy) const {
-  if (const GemmFn g = gemm[size_t(weight)]) return g(n, w, w_stride, n_rows, a, a_stride, n_tok, y, ldy);
+  // one activation row (decode): the matrix-vector kernel streams the weights; a tile kernel's
+  // unpacking pays off only when it serves several rows
+  if (const GemmFn g = gemm[size_t(weight)]; g != nullptr && n_tok > 1)
+    return g(n, w, w_stride, n_rows, a, a_stride, n_tok, y, ldy);
   const VecDotFn dot = vec_dot[size_t(weight)];
   STRATA_CHECK(dot != nullptr, "weight type without vec_dot (loader must reject)");
   const auto* wb = static_cast<const uint8_t*>(w);

@@ -18,7 +18,7 @@ inline void cpu_relax() {
 #endif
 }
 
-// Spins of a waiting worker before it sleeps: ~50 us of pause instructions on current x86.
+// Spins of a waiting worker before it sleeps: a few hundred microseconds of pause instructions.
 constexpr int kSpinsBeforeSleep = 20000;
 
 // The hwloc topology, loaded once.
@@ -63,18 +63,33 @@ ThreadPool::ThreadPool(int n_threads, bool pin) : n_threads_(n_threads) {
 }
 
 ThreadPool::~ThreadPool() {
-  stop_.store(true, std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_release);
-  generation_.notify_all();
+  stop_.store(true);
+  wake_.fetch_add(1);
+  wake_.notify_all();
   for (std::thread& t : workers_) t.join();
 }
 
+namespace {
+
+// ticket_ fields: [job number: 16 bits | task count: 24 bits | next task: 24 bits]
+constexpr int kTaskBits = 24;
+constexpr uint64_t kTaskMask = (uint64_t(1) << kTaskBits) - 1;
+constexpr int64_t kMaxTasks = int64_t(kTaskMask);
+
+}  // namespace
+
 void ThreadPool::work(int thread) {
-  const Job job = job_;
+  uint64_t t = ticket_.load(std::memory_order_acquire);
   for (;;) {
-    const int64_t task = next_task_.fetch_add(1, std::memory_order_relaxed);
-    if (task >= job.n_tasks) return;
-    job.call(job.ctx, task, thread);
+    const int64_t task = int64_t(t & kTaskMask);
+    const int64_t n_tasks = int64_t((t >> kTaskBits) & kTaskMask);
+    if (task >= n_tasks) return;
+    if (!ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel, std::memory_order_acquire))
+      continue;  // t reloaded: another thread took the task, or a new job began
+    // claimed: the job waits for this task, so its fields are this job's
+    call_.load(std::memory_order_relaxed)(ctx_.load(std::memory_order_relaxed), task, thread);
+    done_.fetch_add(1, std::memory_order_release);
+    t = ticket_.load(std::memory_order_acquire);
   }
 }
 
@@ -83,31 +98,41 @@ void ThreadPool::worker_main(int thread) {
   tl_thread = thread;
   uint32_t seen = 0;
   for (;;) {
-    uint32_t g;
-    for (int spins = 0; (g = generation_.load(std::memory_order_acquire)) == seen; ++spins) {
-      if (spins < kSpinsBeforeSleep) cpu_relax();
-      else generation_.wait(seen, std::memory_order_acquire);
+    uint32_t w;
+    for (int spins = 0; (w = wake_.load(std::memory_order_acquire)) == seen; ++spins) {
+      if (spins < kSpinsBeforeSleep) {
+        cpu_relax();
+        continue;
+      }
+      sleepers_.fetch_add(1);
+      wake_.wait(seen);  // returns at once if wake_ moved since the load above
+      sleepers_.fetch_sub(1);
     }
-    seen = g;
-    if (stop_.load(std::memory_order_relaxed)) return;
+    seen = w;
+    if (stop_.load()) return;
     work(thread);
-    busy_.fetch_sub(1, std::memory_order_release);
   }
 }
 
 void ThreadPool::dispatch(const Job& job) {
+  STRATA_CHECK(job.n_tasks <= kMaxTasks, "too many tasks in one run");
   std::lock_guard lock(run_mutex_);
-  job_ = job;
-  next_task_.store(0, std::memory_order_relaxed);
-  busy_.store(n_threads_ - 1, std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_release);
-  generation_.notify_all();
+  ctx_.store(job.ctx, std::memory_order_relaxed);
+  call_.store(job.call, std::memory_order_relaxed);
+  done_.store(0, std::memory_order_relaxed);
+  const uint64_t job_number = (ticket_.load(std::memory_order_relaxed) >> (2 * kTaskBits)) + 1;
+  // publishes the fields above; the job number wraps at 2^16, harmlessly (a claim fails unless the
+  // whole ticket is unchanged)
+  ticket_.store((job_number << (2 * kTaskBits)) | (uint64_t(job.n_tasks) << kTaskBits),
+                std::memory_order_release);
+  wake_.fetch_add(1);
+  if (sleepers_.load() > 0) wake_.notify_all();
   tl_in_pool = true;
   tl_thread = 0;
   work(0);
   tl_in_pool = false;
-  // The workers are finishing their last tasks (or waking up to find none left).
-  for (int spins = 0; busy_.load(std::memory_order_acquire) != 0; ++spins) {
+  // tasks other threads started are finishing
+  for (int spins = 0; done_.load(std::memory_order_acquire) != job.n_tasks; ++spins) {
     if (spins < kSpinsBeforeSleep) cpu_relax();
     else std::this_thread::yield();
   }

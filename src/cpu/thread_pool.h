@@ -4,9 +4,10 @@
 // so uneven work (skewed expert routing) stays balanced, and a whole layer's experts cost one
 // dispatch, not one fork/join per matrix.
 //
-// Waiting: a worker spins for a few tens of microseconds after its last task (the gaps between the
-// dispatches of one token are shorter than that), then sleeps on a futex (std::atomic::wait), so
-// an idle pool costs no CPU.
+// Waiting: a worker spins for a few hundred microseconds after its last task (the gaps between
+// the dispatches of one token are shorter than that), then sleeps on a futex (std::atomic::wait),
+// so an idle pool costs no CPU. The caller of run() waits only for tasks that were started, never
+// for a worker that has not woken up.
 #pragma once
 
 #include <atomic>
@@ -32,7 +33,7 @@ class ThreadPool {
   // threads and the caller, and returns when every call has returned. Tasks start in increasing
   // order; each thread owns its `thread` index for the duration of a call (per-thread scratch).
   // One run at a time per pool (others wait); a run() from inside fn runs its tasks serially on
-  // the calling thread. fn must not throw.
+  // the calling thread. fn must not throw. At most 2^24 - 1 tasks per run (checked).
   template <class F>
   void run(int64_t n_tasks, F&& fn) {
     if (n_tasks <= 0) return;
@@ -52,18 +53,27 @@ class ThreadPool {
     void (*call)(void* ctx, int64_t task, int thread) = nullptr;
   };
   void dispatch(const Job& job);
+  // Claims and runs tasks of the current job until none is left.
   void work(int thread);
   void worker_main(int thread);
 
   static thread_local bool tl_in_pool;
   static thread_local int tl_thread;
 
+  // How a job is shared without making the caller wait for workers that never woke up (a busy or
+  // oversubscribed machine): the caller waits for its tasks, not for its workers. A task is claimed
+  // by a compare-and-swap on ticket_ = (job number, task count, next task index) in one word; the
+  // job's other fields are read only after a successful claim, when the job cannot have ended (it
+  // waits for the claimed task) and so cannot have been replaced. A late worker's claim fails on
+  // the job number; a worker that sees a finished job's ticket finds no task left in it.
   const int n_threads_;
   std::mutex run_mutex_;  // one job at a time
-  Job job_;               // written by dispatch before generation_ is bumped
-  alignas(64) std::atomic<uint32_t> generation_{0};  // bumped once per job (and at shutdown)
-  alignas(64) std::atomic<int64_t> next_task_{0};
-  alignas(64) std::atomic<int> busy_{0};  // workers not yet done with the current job
+  std::atomic<void*> ctx_{nullptr};
+  std::atomic<void (*)(void*, int64_t, int)> call_{nullptr};
+  alignas(64) std::atomic<uint64_t> ticket_{0};
+  alignas(64) std::atomic<int64_t> done_{0};          // tasks of the current job finished
+  alignas(64) std::atomic<uint32_t> wake_{0};         // bumped once per job (and at shutdown)
+  std::atomic<int> sleepers_{0};                      // workers in (or entering) a futex wait
   std::atomic<bool> stop_{false};
   std::vector<std::thread> workers_;
 };

@@ -1,9 +1,328 @@
-// AVX2 tile kernels (kernels.h GemmFn). None yet: every type falls back to KernelTable::gemm_tile's
-// loop over the AVX2 vec_dot.
+// AVX2 + FMA + F16C tile kernels (kernels.h GemmFn): Q4_K and Q6_K against Q8_K activations.
+// Other types fall back to KernelTable::gemm_tile's loop over the AVX2 vec_dot.
+//
+// Scheme (as in ../avx512/gemm_avx512.cpp, at half the width and without VNNI). The weight rows
+// are taken 8 at a time (one int32 lane each). For each super-block the 8 rows' quants are
+// unpacked once into scratch as unsigned bytes, interleaved: register g holds, in lane r, the four
+// consecutive quants 4g .. 4g + 3 of row r (an 8 x 8 dword transpose, then the nibble / bit
+// unpacking). For each token, vpmaddubsw of that register with the broadcast activations
+// a[4g .. 4g + 4) gives two int16 pair sums per row, and vpmaddwd with the sub-block scale
+// (as an int16 pair (sc, sc)) sums them into int32, weighted: three instructions per four
+// elements of 8 rows, no per-sub-block multiply. Four tokens are held in registers.
+//
+// Math. The integer sums are the reference's exactly (vpmaddubsw cannot saturate: a pair is at
+// most 2 * 63 * 128 = 16128); the float part differs by rounding order only:
+//  - Q4_K: y += da * (d * isum - dmin * imins), the min term sum_s m_s (bsums_2s + bsums_2s+1)
+//    by vpmaddwd on the pair sums;
+//  - Q6_K: the quants enter as stored (q + 32, unsigned) and -32 * sum_s sc_s bsums_s is added by
+//    vpmaddwd on the Q8_K bsums; y += da * (d * isum).
+//
+// Reentrant: scratch on the stack and in a thread_local buffer. Compiled with -mavx2 -mfma
+// -mf16c; called only when the CPU has them. No inline function or template of the shared
+// headers is used here (see simd_common.h).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "cpu/avx2/simd_common.h"
 #include "cpu/kernels.h"
+#include "cpu/quant_blocks.h"
 
-namespace strata::cpu::detail {
+namespace strata::cpu {
+namespace {
 
-void add_avx2_gemm(GemmFn* /*gemm*/) {}
+constexpr int kRows = 8;  // weight rows per tile: one int32 lane each
+constexpr int kTok = 4;   // tokens per register block
 
-}  // namespace strata::cpu::detail
+inline int32_t load_i32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+inline __m256i bcast4(const void* p) { return _mm256_set1_epi32(load_i32(p)); }
+
+// Runs fn(std::integral_constant<int, T>, t0) over the tokens in blocks of kTok, then the tail.
+template <class Fn>
+inline void for_token_blocks(int64_t n_tok, Fn&& fn) {
+  int64_t t = 0;
+  for (; t + kTok <= n_tok; t += kTok) fn(std::integral_constant<int, kTok>{}, t);
+  switch (n_tok - t) {
+    case 1: fn(std::integral_constant<int, 1>{}, t); break;
+    case 2: fn(std::integral_constant<int, 2>{}, t); break;
+    case 3: fn(std::integral_constant<int, 3>{}, t); break;
+    default: break;
+  }
+}
+
+// The 32 bytes at rows[i] + offset of each row, transposed: r[j] lane i = dword j of row i.
+inline void load_transposed(const uint8_t* const rows[kRows], size_t offset, __m256i r[8]) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 8; ++i) r[i] = load32(rows[i] + offset);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  // u[4G + m]: rows 4G .. 4G + 3 of column m (low 128 bits) and m + 4 (high)
+  for (int g = 0; g < 8; g += 4) {
+    u[g + 0] = _mm256_unpacklo_epi64(t[g], t[g + 2]);
+    u[g + 1] = _mm256_unpackhi_epi64(t[g], t[g + 2]);
+    u[g + 2] = _mm256_unpacklo_epi64(t[g + 1], t[g + 3]);
+    u[g + 3] = _mm256_unpackhi_epi64(t[g + 1], t[g + 3]);
+  }
+  for (int m = 0; m < 4; ++m) {
+    r[m] = _mm256_permute2x128_si256(u[m], u[4 + m], 0x20);
+    r[m + 4] = _mm256_permute2x128_si256(u[m], u[4 + m], 0x31);
+  }
+}
+
+// The 8 rows of a tile: rows past the end repeat the last one (their lanes are not stored).
+struct RowTile {
+  const uint8_t* rows[kRows];
+  __m256i mask;  // all ones in the lanes of real rows
+};
+inline RowTile row_tile(const void* w, size_t w_stride, int64_t r0, int64_t n_rows) {
+  RowTile t;
+  const int64_t count = std::min<int64_t>(kRows, n_rows - r0);
+  for (int i = 0; i < kRows; ++i)
+    t.rows[i] = static_cast<const uint8_t*>(w) + size_t(r0 + std::min<int64_t>(i, count - 1)) * w_stride;
+  t.mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(count)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  return t;
+}
+
+// y[lanes] = v * scale, or += after the first super-block.
+inline void update_rows(float* y, __m256i mask, __m256 v, __m256 scale, bool first) {
+  const __m256 r = first ? _mm256_mul_ps(v, scale) : _mm256_fmadd_ps(v, scale, _mm256_maskload_ps(y, mask));
+  _mm256_maskstore_ps(y, mask, r);
+}
+
+inline __m256i load_ints(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline __m256 load_halves(const uint16_t* p) { return _mm256_cvtph_ps(load16(p)); }
+
+constexpr size_t kQ8KQs = offsetof(block_q8_K, qs);
+constexpr size_t kQ8KBsums = offsetof(block_q8_K, bsums);
+
+// ---- Q4_K ----
+
+struct TileQ4K {
+  __m256i q[64];    // group g: lane r = u8 quants 4g .. 4g + 3 of row r
+  __m256i sc[8];    // int16 pairs (sc, sc) per row
+  __m256i mins[4];  // int16 pairs per row: (m0, m2), (m1, m3), (m4, m6), (m5, m7)
+  __m256 d, dmin;
+};
+
+void unpack_q4K(const RowTile& rt, int64_t sb, TileQ4K& tile) {
+  const size_t base = size_t(sb) * sizeof(block_q4_K);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  for (int h = 0; h < 4; ++h) {
+    __m256i r[8];
+    load_transposed(rt.rows, base + offsetof(block_q4_K, qs) + 32 * size_t(h), r);
+    // qs byte 32h + 4j + i: low nibble element 64h + 4j + i (group 16h + j), high nibble 32 on
+    for (int j = 0; j < 8; ++j) {
+      tile.q[16 * h + j] = _mm256_and_si256(r[j], m4);
+      tile.q[16 * h + 8 + j] = _mm256_and_si256(_mm256_srli_epi32(r[j], 4), m4);
+    }
+  }
+  alignas(32) uint8_t sm[kRows][16];  // per row [sc0 .. sc7, m0 .. m7]
+  alignas(32) uint16_t d[kRows], dmin[kRows];
+  for (int i = 0; i < kRows; ++i) {
+    const auto* b = reinterpret_cast<const block_q4_K*>(rt.rows[i] + base);
+    _mm_store_si128(reinterpret_cast<__m128i*>(sm[i]), unpack_scales_mins_k4(b->scales));
+    d[i] = b->d;
+    dmin[i] = b->dmin;
+  }
+  alignas(32) int32_t v[kRows];
+  for (int s = 0; s < 8; ++s) {
+    for (int i = 0; i < kRows; ++i) v[i] = int32_t(sm[i][s]) * 0x10001;
+    tile.sc[s] = load_ints(v);
+  }
+  const int pair[4][2] = {{0, 2}, {1, 3}, {4, 6}, {5, 7}};
+  for (int k = 0; k < 4; ++k) {
+    for (int i = 0; i < kRows; ++i) v[i] = int32_t(sm[i][8 + pair[k][0]]) | int32_t(sm[i][8 + pair[k][1]]) << 16;
+    tile.mins[k] = load_ints(v);
+  }
+  tile.d = load_halves(d);
+  tile.dmin = load_halves(dmin);
+}
+
+// Per token and super-block the Q8_K pair sums p_s = bsums[2s] + bsums[2s + 1] as the int16
+// pairs of TileQ4K::mins: (p0, p2), (p1, p3), (p4, p6), (p5, p7). |p_s| <= 32 * 128.
+void bsum_pairs(const uint8_t* a, size_t a_stride, int64_t n_tok, int64_t nsb, std::vector<int32_t>& out) {
+  out.resize(size_t(n_tok * nsb) * 4);
+  int32_t* o = out.data();
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const auto* blocks = reinterpret_cast<const block_q8_K*>(a + size_t(t) * a_stride);
+    for (int64_t sb = 0; sb < nsb; ++sb, o += 4) {
+      const __m128i b = load16(blocks[sb].bsums);
+      const __m128i c = load16(blocks[sb].bsums + 8);
+      const __m128i p = _mm_packs_epi32(_mm_madd_epi16(b, _mm_set1_epi16(1)), _mm_madd_epi16(c, _mm_set1_epi16(1)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o), _mm_shuffle_epi8(p, _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15)));
+    }
+  }
+}
+
+template <int T>
+void q4K_tokens(const TileQ4K& tile, const uint8_t* a, size_t a_stride, const int32_t* pairs, size_t pairs_stride,
+                float* y, int64_t ldy, __m256i mask, bool first) {
+  const uint8_t* at[T];
+  for (int t = 0; t < T; ++t) at[t] = a + size_t(t) * a_stride;
+  __m256i sumi[T];
+  for (int t = 0; t < T; ++t) sumi[t] = _mm256_setzero_si256();
+  for (int s = 0; s < 8; ++s) {
+    const __m256i sc = tile.sc[s];
+    for (int g = 0; g < 8; ++g) {
+      const __m256i w = tile.q[8 * s + g];
+      for (int t = 0; t < T; ++t) {
+        const __m256i p = _mm256_maddubs_epi16(w, bcast4(at[t] + kQ8KQs + 32 * s + 4 * g));
+        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p, sc));
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    const int32_t* p = pairs + size_t(t) * pairs_stride;
+    __m256i mins = _mm256_setzero_si256();
+    for (int k = 0; k < 4; ++k) mins = _mm256_add_epi32(mins, _mm256_madd_epi16(tile.mins[k], _mm256_set1_epi32(p[k])));
+    const __m256 v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(sumi[t]), tile.d, _mm256_mul_ps(_mm256_cvtepi32_ps(mins), tile.dmin));
+    float da;
+    std::memcpy(&da, at[t] + offsetof(block_q8_K, d), 4);
+    update_rows(y + t * ldy, mask, v, _mm256_set1_ps(da), first);
+  }
+}
+
+void gemm_q4K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
+              int64_t n_tok, float* y, int64_t ldy) {
+  const int64_t nsb = n / QK_K;
+  const auto* ab = static_cast<const uint8_t*>(a);
+  thread_local std::vector<int32_t> pairs;
+  bsum_pairs(ab, a_stride, n_tok, nsb, pairs);
+  alignas(32) TileQ4K tile;
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
+    const RowTile rt = row_tile(w, w_stride, r0, n_rows);
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      unpack_q4K(rt, sb, tile);
+      for_token_blocks(n_tok, [&](auto T, int64_t t0) {
+        q4K_tokens<decltype(T)::value>(tile, ab + size_t(t0) * a_stride + size_t(sb) * sizeof(block_q8_K), a_stride,
+                                       pairs.data() + size_t(t0 * nsb + sb) * 4, size_t(nsb) * 4, y + t0 * ldy + r0,
+                                       ldy, rt.mask, sb == 0);
+      });
+    }
+  }
+}
+
+// ---- Q6_K ----
+
+struct TileQ6K {
+  __m256i q[64];      // group g: lane r = stored quants (q + 32, 0..63) 4g .. 4g + 3 of row r
+  __m256i sc[16];     // int16 pairs (sc, sc) per row
+  __m256i offset[8];  // int16 pairs per row: (-32 sc_2p, -32 sc_2p+1), against the bsums pairs
+  __m256 d;
+};
+
+void unpack_q6K(const RowTile& rt, int64_t sb, TileQ6K& tile) {
+  const size_t base = size_t(sb) * sizeof(block_q6_K);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+  __m256i qh[2][8];
+  for (int h = 0; h < 2; ++h) load_transposed(rt.rows, base + offsetof(block_q6_K, qh) + 32 * size_t(h), qh[h]);
+  for (int h = 0; h < 2; ++h) {
+    for (int c = 0; c < 2; ++c) {
+      __m256i ql[8];
+      load_transposed(rt.rows, base + offsetof(block_q6_K, ql) + 64 * size_t(h) + 32 * size_t(c), ql);
+      // element 128h + 32k + l (group 32h + 8k + m, l = 4m + i): low 4 bits in nibble k / 2 of
+      // ql[64h + 32 (k % 2) + l], high 2 bits at bit 2k of qh[32h + l]; here k % 2 = c
+      for (int k = c; k < 4; k += 2) {
+        for (int m = 0; m < 8; ++m) {
+          const __m256i low = k < 2 ? _mm256_and_si256(ql[m], m4) : _mm256_and_si256(_mm256_srli_epi32(ql[m], 4), m4);
+          const __m256i hb = qh[h][m];
+          __m256i high;
+          switch (k) {
+            case 0: high = _mm256_slli_epi32(hb, 4); break;
+            case 1: high = _mm256_slli_epi32(hb, 2); break;
+            case 2: high = hb; break;
+            default: high = _mm256_srli_epi32(hb, 2); break;
+          }
+          tile.q[32 * h + 8 * k + m] = _mm256_or_si256(low, _mm256_and_si256(high, m30));
+        }
+      }
+    }
+  }
+  alignas(32) int32_t v[kRows];
+  alignas(32) uint16_t d[kRows];
+  for (int s = 0; s < 16; ++s) {
+    for (int i = 0; i < kRows; ++i) {
+      const int sc = reinterpret_cast<const block_q6_K*>(rt.rows[i] + base)->scales[s];
+      v[i] = int32_t(uint32_t(uint16_t(sc)) * 0x10001u);
+    }
+    tile.sc[s] = load_ints(v);
+  }
+  for (int p = 0; p < 8; ++p) {
+    for (int i = 0; i < kRows; ++i) {
+      const int8_t* sc = reinterpret_cast<const block_q6_K*>(rt.rows[i] + base)->scales;
+      v[i] = int32_t(uint32_t(uint16_t(-32 * sc[2 * p])) | uint32_t(uint16_t(-32 * sc[2 * p + 1])) << 16);
+    }
+    tile.offset[p] = load_ints(v);
+  }
+  for (int i = 0; i < kRows; ++i) d[i] = reinterpret_cast<const block_q6_K*>(rt.rows[i] + base)->d;
+  tile.d = load_halves(d);
+}
+
+template <int T>
+void q6K_tokens(const TileQ6K& tile, const uint8_t* a, size_t a_stride, float* y, int64_t ldy, __m256i mask,
+                bool first) {
+  const uint8_t* at[T];
+  for (int t = 0; t < T; ++t) at[t] = a + size_t(t) * a_stride;
+  __m256i sumi[T];
+  // the offset term first: -32 sum_s sc_s bsums_s
+  for (int t = 0; t < T; ++t) {
+    sumi[t] = _mm256_setzero_si256();
+    for (int p = 0; p < 8; ++p)
+      sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(tile.offset[p], bcast4(at[t] + kQ8KBsums + 4 * p)));
+  }
+  for (int s = 0; s < 16; ++s) {
+    const __m256i sc = tile.sc[s];
+    for (int g = 0; g < 4; ++g) {
+      const __m256i w = tile.q[4 * s + g];
+      for (int t = 0; t < T; ++t) {
+        const __m256i p = _mm256_maddubs_epi16(w, bcast4(at[t] + kQ8KQs + 16 * s + 4 * g));
+        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p, sc));
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    float da;
+    std::memcpy(&da, at[t] + offsetof(block_q8_K, d), 4);
+    update_rows(y + t * ldy, mask, _mm256_mul_ps(_mm256_cvtepi32_ps(sumi[t]), tile.d), _mm256_set1_ps(da), first);
+  }
+}
+
+void gemm_q6K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
+              int64_t n_tok, float* y, int64_t ldy) {
+  const int64_t nsb = n / QK_K;
+  const auto* ab = static_cast<const uint8_t*>(a);
+  alignas(32) TileQ6K tile;
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
+    const RowTile rt = row_tile(w, w_stride, r0, n_rows);
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      unpack_q6K(rt, sb, tile);
+      for_token_blocks(n_tok, [&](auto T, int64_t t0) {
+        q6K_tokens<decltype(T)::value>(tile, ab + size_t(t0) * a_stride + size_t(sb) * sizeof(block_q8_K), a_stride,
+                                       y + t0 * ldy + r0, ldy, rt.mask, sb == 0);
+      });
+    }
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+void add_avx2_gemm(GemmFn* gemm) {
+  gemm[size_t(GgmlType::q4_k)] = gemm_q4K;
+  gemm[size_t(GgmlType::q6_k)] = gemm_q6K;
+}
+
+}  // namespace detail
+}  // namespace strata::cpu

@@ -1,9 +1,588 @@
-// AVX-512 + VNNI tile kernels (kernels.h GemmFn). None yet: every type falls back to
+// AVX-512 + VNNI tile kernels (kernels.h GemmFn): Q4_K, Q5_K, Q6_K against Q8_K activations;
+// Q8_0, Q4_0, IQ4_NL, MXFP4 against Q8_0 activations. Other types fall back to
 // KernelTable::gemm_tile's loop over the AVX-512 vec_dot.
+//
+// Scheme. The weight rows are taken 16 at a time (one int32 lane per row). For each 256 elements
+// (a K super-block, or eight 32-element blocks) the 16 rows' quants are unpacked once into L1
+// scratch as unsigned bytes, interleaved: register g holds, in lane r, the four consecutive
+// quants 4g .. 4g + 3 of row r (a 16 x 16 dword transpose of the packed bytes, then the format's
+// nibble / bit unpacking). Then for each token, `vpdpbusd acc, w[g], broadcast(a[4g .. 4g + 4))`
+// adds four products to each of the 16 rows at once; a block of up to 8 tokens is held in
+// registers, so each unpacked register is loaded once per 8 tokens and the activations come in
+// as embedded broadcasts. The unpacking is paid once per (16 rows, 256 elements) for all tokens.
+//
+// Math. The integer sums are the reference's exactly (quant_ref.h); the float part differs by
+// rounding order only:
+//  - weights enter vpdpbusd unsigned, as the stored value q plus an offset (Q8_0: 128, Q4_0: 8,
+//    IQ4_NL: 127, MXFP4: 12, codebooks shifted by the offset), and the offset times the block's
+//    activation sum is subtracted (the int32 accumulator starts at -offset * sum(a)). Q6_K stores
+//    q + 32: the 32 * sum_s sc_s * bsums_s term is subtracted with vpdpwssd on the Q8_K bsums.
+//  - K formats: each sub-block's int32 sum is multiplied by its integer scale (vpmulld) and summed
+//    in int32 over the super-block; Q4_K / Q5_K's min term sum_s m_s (bsums_2s + bsums_2s+1) is
+//    an int32 vpdpwssd. One float conversion per super-block and token:
+//    y += da * (d * isum - dmin * imins) (the reference: (d da) isum - (dmin da) imins).
+//  - 32-element formats: per block y += (float(isum) * da) * d (the reference: isum (d da)).
+// No int32 sum can overflow: |isum| <= 256 * 63 * 128 * 63 for Q6_K, less elsewhere.
+//
+// Reentrant: scratch on the stack and in thread_local buffers (the per-call token-side sums).
+//
+// Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mfma -mf16c; called only
+// when the CPU has them. No inline function or template of the shared headers is used here (see
+// ../avx2/simd_common.h).
+
+// GCC 12's avx512fintrin.h initialises its "undefined" vectors from themselves (GCC PR 105593),
+// which -Wuninitialized then reports at every inlined use; fixed in GCC 13.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "cpu/avx2/simd_common.h"
 #include "cpu/kernels.h"
+#include "cpu/quant_blocks.h"
 
-namespace strata::cpu::detail {
+namespace strata::cpu {
+namespace {
 
-void add_avx512_gemm(GemmFn* /*gemm*/) {}
+constexpr int kRows = 16;  // weight rows per tile: one int32 lane each
+constexpr int kTok = 8;    // tokens per register block
 
-}  // namespace strata::cpu::detail
+inline __m512i load64(const void* p) { return _mm512_loadu_si512(p); }
+inline int32_t load_i32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+// Four activation bytes broadcast to every lane (an embedded {1to16} broadcast of vpdpbusd).
+inline __m512i bcast4(const void* p) { return _mm512_set1_epi32(load_i32(p)); }
+
+// Runs fn(std::integral_constant<int, T>, t0) over the tokens in blocks of kTok, then the tail.
+template <class Fn>
+inline void for_token_blocks(int64_t n_tok, Fn&& fn) {
+  int64_t t = 0;
+  for (; t + kTok <= n_tok; t += kTok) fn(std::integral_constant<int, kTok>{}, t);
+  switch (n_tok - t) {
+    case 1: fn(std::integral_constant<int, 1>{}, t); break;
+    case 2: fn(std::integral_constant<int, 2>{}, t); break;
+    case 3: fn(std::integral_constant<int, 3>{}, t); break;
+    case 4: fn(std::integral_constant<int, 4>{}, t); break;
+    case 5: fn(std::integral_constant<int, 5>{}, t); break;
+    case 6: fn(std::integral_constant<int, 6>{}, t); break;
+    case 7: fn(std::integral_constant<int, 7>{}, t); break;
+    default: break;
+  }
+}
+
+// In place: r[i] holds the dwords (i, 0..15) of a 16 x 16 matrix; afterwards r[j] holds (0..15, j).
+inline void transpose_16x16(__m512i r[16]) {
+  __m512i t[16], c[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  // c[4G + m]: rows 4G .. 4G + 3 of column 4L + m in 128-bit lane L
+  for (int g = 0; g < 16; g += 4) {
+    c[g + 0] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+    c[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+    c[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+    c[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+  }
+  for (int m = 0; m < 4; ++m) {
+    const __m512i x0 = _mm512_shuffle_i32x4(c[m], c[4 + m], 0x88);
+    const __m512i x1 = _mm512_shuffle_i32x4(c[m], c[4 + m], 0xDD);
+    const __m512i y0 = _mm512_shuffle_i32x4(c[8 + m], c[12 + m], 0x88);
+    const __m512i y1 = _mm512_shuffle_i32x4(c[8 + m], c[12 + m], 0xDD);
+    r[m] = _mm512_shuffle_i32x4(x0, y0, 0x88);
+    r[8 + m] = _mm512_shuffle_i32x4(x0, y0, 0xDD);
+    r[4 + m] = _mm512_shuffle_i32x4(x1, y1, 0x88);
+    r[12 + m] = _mm512_shuffle_i32x4(x1, y1, 0xDD);
+  }
+}
+
+// The 64 bytes at p[i] + offset of each row, transposed: r[j] lane i = dword j of row i.
+inline void load_transposed(const uint8_t* const rows[kRows], size_t offset, __m512i r[16]) {
+  for (int i = 0; i < kRows; ++i) r[i] = load64(rows[i] + offset);
+  transpose_16x16(r);
+}
+
+// The 16 bytes at rows[i] + offset, transposed: z[k] lane i = dword k of row i (k < 4).
+inline void load_transposed_16x4(const uint8_t* const rows[kRows], size_t offset, __m512i z[4]) {
+  __m512i a[4];
+  for (int q = 0; q < 4; ++q) {
+    __m512i v = _mm512_castsi128_si512(load16(rows[4 * q] + offset));
+    v = _mm512_inserti32x4(v, load16(rows[4 * q + 1] + offset), 1);
+    v = _mm512_inserti32x4(v, load16(rows[4 * q + 2] + offset), 2);
+    a[q] = _mm512_inserti32x4(v, load16(rows[4 * q + 3] + offset), 3);
+  }
+  for (int k = 0; k < 4; ++k) {
+    // lane i (and i + 8) <- dword k of row i % 8 of the pair (a[0], a[1]) or (a[2], a[3])
+    const __m512i idx = _mm512_set_epi32(28 + k, 24 + k, 20 + k, 16 + k, 12 + k, 8 + k, 4 + k, k,  //
+                                         28 + k, 24 + k, 20 + k, 16 + k, 12 + k, 8 + k, 4 + k, k);
+    const __m512i lo = _mm512_permutex2var_epi32(a[0], idx, a[1]);
+    const __m512i hi = _mm512_permutex2var_epi32(a[2], idx, a[3]);
+    z[k] = _mm512_mask_mov_epi32(lo, 0xFF00, hi);
+  }
+}
+
+// The 16 rows of a tile: rows past the end repeat the last one (their lanes are not stored).
+struct RowTile {
+  const uint8_t* rows[kRows];
+  __mmask16 mask;  // lanes of real rows
+};
+inline RowTile row_tile(const void* w, size_t w_stride, int64_t r0, int64_t n_rows) {
+  RowTile t;
+  const int64_t count = std::min<int64_t>(kRows, n_rows - r0);
+  for (int i = 0; i < kRows; ++i)
+    t.rows[i] = static_cast<const uint8_t*>(w) + size_t(r0 + std::min<int64_t>(i, count - 1)) * w_stride;
+  t.mask = __mmask16((1u << count) - 1);
+  return t;
+}
+
+// y[t * ldy + lanes] (the tile's rows) = v, or += v after the first part of the row.
+inline void store_rows(float* y, __mmask16 mask, __m512 v, bool first) {
+  if (!first) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, y));
+  _mm512_mask_storeu_ps(y, mask, v);
+}
+inline void update_rows(float* y, __mmask16 mask, __m512 v, __m512 scale, bool first) {
+  const __m512 r = first ? _mm512_mul_ps(v, scale) : _mm512_fmadd_ps(v, scale, _mm512_maskz_loadu_ps(mask, y));
+  _mm512_mask_storeu_ps(y, mask, r);
+}
+
+// ================================ K formats x Q8_K ================================
+
+constexpr size_t kQ8KQs = offsetof(block_q8_K, qs);
+constexpr size_t kQ8KBsums = offsetof(block_q8_K, bsums);
+
+// ---- Q4_K / Q5_K ----
+
+struct TileQ45K {
+  __m512i q[64];    // group g: lane r = u8 quants 4g .. 4g + 3 of row r (Q5_K: fifth bit added)
+  __m512i sc[8];    // sub-block scales, int32 per row
+  __m512i mins[4];  // int16 pairs per row: (m0, m2), (m1, m3), (m4, m6), (m5, m7)
+  __m512 d, dmin;
+};
+
+template <class Block, bool kFifthBit>
+void unpack_q45K(const RowTile& rt, int64_t sb, TileQ45K& tile) {
+  const size_t base = size_t(sb) * sizeof(Block);
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  __m512i qh[16];
+  if constexpr (kFifthBit) {
+    static_assert(offsetof(Block, qh) + 64 <= sizeof(Block));
+    load_transposed(rt.rows, base + offsetof(Block, qh), qh);  // qh[0..7]: the 32 qh bytes
+  }
+  for (int c = 0; c < 2; ++c) {
+    __m512i r[16];
+    load_transposed(rt.rows, base + offsetof(Block, qs) + 64 * size_t(c), r);
+    // qs byte 64c + 4j + i: chunk h = 2c + j / 8, position l = 4 (j % 8) + i: its low nibble is
+    // element 64h + l (group 16h + j % 8), its high nibble element 64h + 32 + l (8 groups on)
+    for (int j = 0; j < 16; ++j) {
+      const int g = 16 * (2 * c + j / 8) + j % 8;
+      __m512i lo = _mm512_and_si512(r[j], m4);
+      __m512i hi = _mm512_and_si512(_mm512_srli_epi32(r[j], 4), m4);
+      if constexpr (kFifthBit) {
+        // fifth bit of element e: bit e / 32 of qh[e % 32]; moved to bit 4 of the byte
+        for (int half = 0; half < 2; ++half) {
+          const int gg = g + 8 * half, s = gg / 8;
+          const __m512i h = qh[gg % 8];
+          const __m512i moved = s <= 4 ? _mm512_slli_epi32(h, unsigned(4 - s)) : _mm512_srli_epi32(h, unsigned(s - 4));
+          __m512i& q = half ? hi : lo;
+          q = _mm512_or_si512(q, _mm512_and_si512(moved, _mm512_set1_epi8(0x10)));
+        }
+      }
+      tile.q[g] = lo;
+      tile.q[g + 8] = hi;
+    }
+  }
+  // d | dmin << 16, then the 12 packed scale bytes as three dwords (scale_min_k4, 16 rows at once)
+  static_assert(offsetof(Block, d) == 0 && offsetof(Block, dmin) == 2 && offsetof(Block, scales) == 4);
+  __m512i z[4];
+  load_transposed_16x4(rt.rows, base, z);
+  tile.d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(z[0]));
+  tile.dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(z[0], 16)));
+  const __m512i m63 = _mm512_set1_epi8(63), m30 = _mm512_set1_epi8(0x30);
+  const __m512i sc_lo = _mm512_and_si512(z[1], m63);  // bytes sc0 .. sc3
+  const __m512i mn_lo = _mm512_and_si512(z[2], m63);  // m0 .. m3
+  const __m512i sc_hi = _mm512_or_si512(_mm512_and_si512(z[3], m4), _mm512_and_si512(_mm512_srli_epi32(z[1], 2), m30));
+  const __m512i mn_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(z[3], 4), m4),
+                                        _mm512_and_si512(_mm512_srli_epi32(z[2], 2), m30));
+  const __m512i byte0 = _mm512_set1_epi32(0xFF), words = _mm512_set1_epi32(0x00FF00FF);
+  tile.sc[0] = _mm512_and_si512(sc_lo, byte0);
+  tile.sc[1] = _mm512_and_si512(_mm512_srli_epi32(sc_lo, 8), byte0);
+  tile.sc[2] = _mm512_and_si512(_mm512_srli_epi32(sc_lo, 16), byte0);
+  tile.sc[3] = _mm512_srli_epi32(sc_lo, 24);
+  tile.sc[4] = _mm512_and_si512(sc_hi, byte0);
+  tile.sc[5] = _mm512_and_si512(_mm512_srli_epi32(sc_hi, 8), byte0);
+  tile.sc[6] = _mm512_and_si512(_mm512_srli_epi32(sc_hi, 16), byte0);
+  tile.sc[7] = _mm512_srli_epi32(sc_hi, 24);
+  tile.mins[0] = _mm512_and_si512(mn_lo, words);
+  tile.mins[1] = _mm512_and_si512(_mm512_srli_epi32(mn_lo, 8), words);
+  tile.mins[2] = _mm512_and_si512(mn_hi, words);
+  tile.mins[3] = _mm512_and_si512(_mm512_srli_epi32(mn_hi, 8), words);
+}
+
+// Per token and super-block the Q8_K pair sums p_s = bsums[2s] + bsums[2s + 1] as the int16
+// pairs of TileQ45K::mins: (p0, p2), (p1, p3), (p4, p6), (p5, p7). |p_s| <= 32 * 128.
+void bsum_pairs(const uint8_t* a, size_t a_stride, int64_t n_tok, int64_t nsb, std::vector<int32_t>& out) {
+  out.resize(size_t(n_tok * nsb) * 4);
+  int32_t* o = out.data();
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const auto* blocks = reinterpret_cast<const block_q8_K*>(a + size_t(t) * a_stride);
+    for (int64_t sb = 0; sb < nsb; ++sb, o += 4) {
+      const __m128i b = load16(blocks[sb].bsums);  // bsums 0..7 (sub-blocks 0..3)
+      const __m128i c = load16(blocks[sb].bsums + 8);
+      // pair sums as int32 lanes, then packed to int16: [p0 p1 p2 p3 p4 p5 p6 p7]
+      const __m128i p = _mm_packs_epi32(_mm_madd_epi16(b, _mm_set1_epi16(1)), _mm_madd_epi16(c, _mm_set1_epi16(1)));
+      // -> [p0 p2 p1 p3 p4 p6 p5 p7]
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o), _mm_shuffle_epi8(p, _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15)));
+    }
+  }
+}
+
+template <int T>
+void q45K_tokens(const TileQ45K& tile, const uint8_t* a, size_t a_stride, const int32_t* pairs,
+                 size_t pairs_stride, float* y, int64_t ldy, __mmask16 mask, bool first) {
+  const uint8_t* at[T];
+  for (int t = 0; t < T; ++t) at[t] = a + size_t(t) * a_stride;
+  __m512i sumi[T];
+  for (int t = 0; t < T; ++t) sumi[t] = _mm512_setzero_si512();
+  for (int s = 0; s < 8; ++s) {
+    __m512i acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_si512();
+    for (int g = 0; g < 8; ++g) {
+      const __m512i w = tile.q[8 * s + g];
+      for (int t = 0; t < T; ++t)
+        acc[t] = _mm512_dpbusd_epi32(acc[t], w, bcast4(at[t] + kQ8KQs + 32 * s + 4 * g));
+    }
+    for (int t = 0; t < T; ++t) sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(acc[t], tile.sc[s]));
+  }
+  for (int t = 0; t < T; ++t) {
+    const int32_t* p = pairs + size_t(t) * pairs_stride;
+    __m512i mins = _mm512_setzero_si512();
+    for (int k = 0; k < 4; ++k) mins = _mm512_dpwssd_epi32(mins, tile.mins[k], _mm512_set1_epi32(p[k]));
+    const __m512 v = _mm512_fmsub_ps(_mm512_cvtepi32_ps(sumi[t]), tile.d,
+                                     _mm512_mul_ps(_mm512_cvtepi32_ps(mins), tile.dmin));
+    float da;
+    std::memcpy(&da, at[t] + offsetof(block_q8_K, d), 4);
+    update_rows(y + t * ldy, mask, v, _mm512_set1_ps(da), first);
+  }
+}
+
+template <class Block, bool kFifthBit>
+void gemm_q45K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
+               int64_t n_tok, float* y, int64_t ldy) {
+  const int64_t nsb = n / QK_K;
+  const auto* ab = static_cast<const uint8_t*>(a);
+  thread_local std::vector<int32_t> pairs;
+  bsum_pairs(ab, a_stride, n_tok, nsb, pairs);
+  alignas(64) TileQ45K tile;
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
+    const RowTile rt = row_tile(w, w_stride, r0, n_rows);
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      unpack_q45K<Block, kFifthBit>(rt, sb, tile);
+      for_token_blocks(n_tok, [&](auto T, int64_t t0) {
+        q45K_tokens<decltype(T)::value>(tile, ab + size_t(t0) * a_stride + size_t(sb) * sizeof(block_q8_K), a_stride,
+                             pairs.data() + size_t(t0 * nsb + sb) * 4, size_t(nsb) * 4, y + t0 * ldy + r0, ldy,
+                             rt.mask, sb == 0);
+      });
+    }
+  }
+}
+
+// ---- Q6_K ----
+
+struct TileQ6K {
+  __m512i q[64];      // group g: lane r = stored quants (q + 32, 0..63) 4g .. 4g + 3 of row r
+  __m512i sc[16];     // sub-block scales, int32 per row
+  __m512i offset[8];  // int16 pairs per row: (-32 sc_2p, -32 sc_2p+1), against the bsums pairs
+  __m512 d;
+};
+
+void unpack_q6K(const RowTile& rt, int64_t sb, TileQ6K& tile) {
+  const size_t base = size_t(sb) * sizeof(block_q6_K);
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  __m512i qh[16];
+  load_transposed(rt.rows, base + offsetof(block_q6_K, qh), qh);
+  for (int h = 0; h < 2; ++h) {
+    __m512i ql[16];
+    load_transposed(rt.rows, base + offsetof(block_q6_K, ql) + 64 * size_t(h), ql);
+    // element 128h + 32k + l (group 32h + 8k + m, l = 4m + i): low 4 bits in ql[64h + 32 (k % 2)
+    // + l] (nibble k / 2), i.e. transposed dword 8 (k % 2) + m; high 2 bits at bit 2k of
+    // qh[32h + l], transposed dword 8h + m
+    for (int k = 0; k < 4; ++k) {
+      for (int m = 0; m < 8; ++m) {
+        const __m512i l = ql[8 * (k % 2) + m];
+        const __m512i low = k < 2 ? _mm512_and_si512(l, m4) : _mm512_and_si512(_mm512_srli_epi32(l, 4), m4);
+        const __m512i hb = qh[8 * h + m];
+        __m512i high;
+        switch (k) {
+          case 0: high = _mm512_slli_epi32(hb, 4); break;
+          case 1: high = _mm512_slli_epi32(hb, 2); break;
+          case 2: high = hb; break;
+          default: high = _mm512_srli_epi32(hb, 2); break;
+        }
+        tile.q[32 * h + 8 * k + m] = _mm512_or_si512(low, _mm512_and_si512(high, m30));
+      }
+    }
+  }
+  __m512i z[4];
+  load_transposed_16x4(rt.rows, base + offsetof(block_q6_K, scales), z);  // z[k]: sc 4k .. 4k + 3
+  for (int k = 0; k < 4; ++k) {
+    for (int i = 0; i < 4; ++i) tile.sc[4 * k + i] = _mm512_srai_epi32(_mm512_slli_epi32(z[k], 24 - 8 * i), 24);
+    const __m512i even = _mm512_srai_epi16(_mm512_slli_epi16(z[k], 8), 8);  // words (sc 4k, sc 4k + 2)
+    const __m512i odd = _mm512_srai_epi16(z[k], 8);                          // (sc 4k + 1, sc 4k + 3)
+    const __m512i p0 = _mm512_mask_blend_epi16(0xAAAAAAAAu, even, _mm512_slli_epi32(odd, 16));
+    const __m512i p1 = _mm512_mask_blend_epi16(0xAAAAAAAAu, _mm512_srli_epi32(even, 16), odd);
+    tile.offset[2 * k] = _mm512_sub_epi16(_mm512_setzero_si512(), _mm512_slli_epi16(p0, 5));
+    tile.offset[2 * k + 1] = _mm512_sub_epi16(_mm512_setzero_si512(), _mm512_slli_epi16(p1, 5));
+  }
+  uint16_t dh[kRows];
+  for (int i = 0; i < kRows; ++i) std::memcpy(&dh[i], rt.rows[i] + base + offsetof(block_q6_K, d), 2);
+  tile.d = _mm512_cvtph_ps(load32(dh));
+}
+
+template <int T>
+void q6K_tokens(const TileQ6K& tile, const uint8_t* a, size_t a_stride, float* y, int64_t ldy,
+                __mmask16 mask, bool first) {
+  const uint8_t* at[T];
+  for (int t = 0; t < T; ++t) at[t] = a + size_t(t) * a_stride;
+  __m512i sumi[T];
+  // the offset term first: -32 sum_s sc_s bsums_s
+  for (int t = 0; t < T; ++t) {
+    sumi[t] = _mm512_setzero_si512();
+    for (int p = 0; p < 8; ++p)
+      sumi[t] = _mm512_dpwssd_epi32(sumi[t], tile.offset[p], bcast4(at[t] + kQ8KBsums + 4 * p));
+  }
+  for (int s = 0; s < 16; ++s) {
+    __m512i acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_si512();
+    for (int g = 0; g < 4; ++g) {
+      const __m512i w = tile.q[4 * s + g];
+      for (int t = 0; t < T; ++t)
+        acc[t] = _mm512_dpbusd_epi32(acc[t], w, bcast4(at[t] + kQ8KQs + 16 * s + 4 * g));
+    }
+    for (int t = 0; t < T; ++t) sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(acc[t], tile.sc[s]));
+  }
+  for (int t = 0; t < T; ++t) {
+    float da;
+    std::memcpy(&da, at[t] + offsetof(block_q8_K, d), 4);
+    update_rows(y + t * ldy, mask, _mm512_mul_ps(_mm512_cvtepi32_ps(sumi[t]), tile.d), _mm512_set1_ps(da), first);
+  }
+}
+
+void gemm_q6K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
+              int64_t n_tok, float* y, int64_t ldy) {
+  const int64_t nsb = n / QK_K;
+  const auto* ab = static_cast<const uint8_t*>(a);
+  alignas(64) TileQ6K tile;
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
+    const RowTile rt = row_tile(w, w_stride, r0, n_rows);
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      unpack_q6K(rt, sb, tile);
+      for_token_blocks(n_tok, [&](auto T, int64_t t0) {
+        q6K_tokens<decltype(T)::value>(tile, ab + size_t(t0) * a_stride + size_t(sb) * sizeof(block_q8_K), a_stride,
+                            y + t0 * ldy + r0, ldy, rt.mask, sb == 0);
+      });
+    }
+  }
+}
+
+// ============================ 32-element formats x Q8_0 ============================
+//
+// A unit is up to 8 blocks (256 elements): group g of the tile is block g / 8's quants 4 (g % 8)
+// .. + 3, unsigned (stored value + the format's offset).
+
+constexpr int kUnitBlocks = 8;
+
+struct Tile32 {
+  __m512i q[8 * kUnitBlocks];
+  __m512 d[kUnitBlocks];  // float scale of each block, per row
+};
+
+// Per token and block: the accumulator's start, -offset * sum(a), and the activation scale.
+struct TokenBlock {
+  int32_t start;
+  float d;
+};
+
+void token_blocks_q8_0(const uint8_t* a, size_t a_stride, int64_t n_tok, int64_t nb, int offset,
+                       std::vector<TokenBlock>& out) {
+  out.resize(size_t(n_tok * nb));
+  TokenBlock* o = out.data();
+  const __m256i ones = _mm256_set1_epi8(1);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const auto* blocks = reinterpret_cast<const block_q8_0*>(a + size_t(t) * a_stride);
+    for (int64_t b = 0; b < nb; ++b, ++o) {
+      // sum of the 32 quants: |q| * sign(q) pairs summed, then the 8 lanes
+      const __m256i q = load32(blocks[b].qs);
+      const __m256i s16 = _mm256_maddubs_epi16(ones, q);
+      const __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+      __m128i v = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+      v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0x4E));
+      v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0xB1));
+      o->start = -offset * _mm_cvtsi128_si32(v);
+      o->d = half_to_float(blocks[b].d);
+    }
+  }
+}
+
+template <int T>
+void tokens_32(const Tile32& tile, int nblk, const uint8_t* a, size_t a_stride, const TokenBlock* tb,
+               size_t tb_stride, float* y, int64_t ldy, __mmask16 mask, bool first) {
+  __m512 sum[T];
+  for (int t = 0; t < T; ++t) sum[t] = _mm512_setzero_ps();
+  for (int b = 0; b < nblk; ++b) {
+    __m512i acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_set1_epi32(tb[size_t(t) * tb_stride + b].start);
+    const uint8_t* qs = a + sizeof(block_q8_0) * size_t(b) + offsetof(block_q8_0, qs);
+    for (int g = 0; g < 8; ++g) {
+      const __m512i w = tile.q[8 * b + g];
+      for (int t = 0; t < T; ++t)
+        acc[t] = _mm512_dpbusd_epi32(acc[t], w, bcast4(qs + size_t(t) * a_stride + 4 * g));
+    }
+    for (int t = 0; t < T; ++t) {
+      const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[t]), _mm512_set1_ps(tb[size_t(t) * tb_stride + b].d));
+      sum[t] = _mm512_fmadd_ps(v, tile.d[b], sum[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) store_rows(y + t * ldy, mask, sum[t], first);
+}
+
+// Fills tile.q for blocks [b0, b0 + nblk) (nblk <= 8): `quads(rows, b, r)` loads, for each row, 64
+// bytes that transpose to blocks b .. b + 3's 4-bit fields, or for Q8_0 b .. b + 1's quants.
+struct Q8_0Format {
+  static constexpr int kOffset = 128;
+  static constexpr size_t kBlock = sizeof(block_q8_0);
+  static void unpack(const RowTile& rt, int64_t b0, int nblk, Tile32& tile) {
+    for (int p = 0; p < nblk; p += 2) {
+      const int64_t b1 = b0 + p + (p + 1 < nblk ? 1 : 0);
+      __m512i r[16];
+      for (int i = 0; i < kRows; ++i) {
+        const uint8_t* row = rt.rows[i];
+        const __m256i lo = load32(row + size_t(b0 + p) * kBlock + offsetof(block_q8_0, qs));
+        const __m256i hi = load32(row + size_t(b1) * kBlock + offsetof(block_q8_0, qs));
+        r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+      }
+      transpose_16x16(r);
+      const __m512i flip = _mm512_set1_epi8(char(0x80));  // q + 128 as u8
+      const int groups = p + 1 < nblk ? 16 : 8;
+      for (int j = 0; j < groups; ++j) tile.q[8 * p + j] = _mm512_xor_si512(r[j], flip);
+    }
+    for (int b = 0; b < nblk; ++b) {
+      alignas(32) uint16_t dh[kRows];
+      for (int i = 0; i < kRows; ++i) std::memcpy(&dh[i], rt.rows[i] + size_t(b0 + b) * kBlock, 2);
+      tile.d[b] = _mm512_cvtph_ps(load32(dh));
+    }
+  }
+};
+
+// 4-bit formats: nibble j of qs[j] is element j, its high nibble element j + 16; the value is
+// table[nibble] (stored + offset, unsigned).
+template <class Block>
+void unpack_nibbles(const RowTile& rt, int64_t b0, int nblk, __m128i table, Tile32& tile) {
+  const __m512i tab = _mm512_broadcast_i32x4(table);
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  for (int p = 0; p < nblk; p += 4) {
+    __m512i r[16];
+    for (int i = 0; i < kRows; ++i) {
+      const uint8_t* qs = rt.rows[i] + offsetof(Block, qs);
+      __m512i v = _mm512_castsi128_si512(load16(qs + size_t(b0 + p) * sizeof(Block)));
+      for (int k = 1; k < 4; ++k) {
+        const int64_t b = b0 + p + (p + k < nblk ? k : 0);
+        v = _mm512_inserti32x4(v, load16(qs + size_t(b) * sizeof(Block)), unsigned(k));
+      }
+      r[i] = v;
+    }
+    transpose_16x16(r);
+    // dword j: block p + j / 4, bytes 4 (j % 4) + i: low nibbles are elements 4 (j % 4) + i (group
+    // j % 4 of the block), high nibbles elements 16 + 4 (j % 4) + i (group 4 + j % 4)
+    for (int j = 0; j < 16 && p + j / 4 < nblk; ++j) {
+      const int g = 8 * (p + j / 4) + j % 4;
+      tile.q[g] = _mm512_shuffle_epi8(tab, _mm512_and_si512(r[j], m4));
+      tile.q[g + 4] = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi32(r[j], 4), m4));
+    }
+  }
+}
+
+template <class Block>
+void unpack_half_scales(const RowTile& rt, int64_t b0, int nblk, Tile32& tile) {
+  static_assert(offsetof(Block, d) == 0);
+  for (int b = 0; b < nblk; ++b) {
+    alignas(32) uint16_t dh[kRows];
+    for (int i = 0; i < kRows; ++i) std::memcpy(&dh[i], rt.rows[i] + size_t(b0 + b) * sizeof(Block), 2);
+    tile.d[b] = _mm512_cvtph_ps(load32(dh));
+  }
+}
+
+struct Q4_0Format {
+  static constexpr int kOffset = 8;
+  static void unpack(const RowTile& rt, int64_t b0, int nblk, Tile32& tile) {
+    unpack_nibbles<block_q4_0>(rt, b0, nblk, _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), tile);
+    unpack_half_scales<block_q4_0>(rt, b0, nblk, tile);
+  }
+};
+struct Iq4NlFormat {
+  static constexpr int kOffset = 127;
+  static void unpack(const RowTile& rt, int64_t b0, int nblk, Tile32& tile) {
+    unpack_nibbles<block_iq4_nl>(rt, b0, nblk, _mm_add_epi8(load16(kvalues_iq4nl), _mm_set1_epi8(127)), tile);
+    unpack_half_scales<block_iq4_nl>(rt, b0, nblk, tile);
+  }
+};
+struct Mxfp4Format {
+  static constexpr int kOffset = 12;
+  static void unpack(const RowTile& rt, int64_t b0, int nblk, Tile32& tile) {
+    unpack_nibbles<block_mxfp4>(rt, b0, nblk, _mm_add_epi8(load16(kvalues_mxfp4), _mm_set1_epi8(12)), tile);
+    for (int b = 0; b < nblk; ++b) {
+      alignas(64) float d[kRows];
+      for (int i = 0; i < kRows; ++i) d[i] = e8m0_half(rt.rows[i][size_t(b0 + b) * sizeof(block_mxfp4)]);
+      tile.d[b] = _mm512_load_ps(d);
+    }
+  }
+};
+
+template <class F>
+void gemm_32(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
+             int64_t n_tok, float* y, int64_t ldy) {
+  const int64_t nb = n / 32;
+  const auto* ab = static_cast<const uint8_t*>(a);
+  thread_local std::vector<TokenBlock> tbs;
+  token_blocks_q8_0(ab, a_stride, n_tok, nb, F::kOffset, tbs);
+  alignas(64) Tile32 tile;
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
+    const RowTile rt = row_tile(w, w_stride, r0, n_rows);
+    for (int64_t b0 = 0; b0 < nb; b0 += kUnitBlocks) {
+      const int nblk = int(std::min<int64_t>(kUnitBlocks, nb - b0));
+      F::unpack(rt, b0, nblk, tile);
+      for_token_blocks(n_tok, [&](auto T, int64_t t0) {
+        tokens_32<decltype(T)::value>(tile, nblk, ab + size_t(t0) * a_stride + size_t(b0) * sizeof(block_q8_0), a_stride,
+                           tbs.data() + size_t(t0 * nb + b0), size_t(nb), y + t0 * ldy + r0, ldy, rt.mask,
+                           b0 == 0);
+      });
+    }
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+void add_avx512_gemm(GemmFn* gemm) {
+  gemm[size_t(GgmlType::q4_k)] = gemm_q45K<block_q4_K, false>;
+  gemm[size_t(GgmlType::q5_k)] = gemm_q45K<block_q5_K, true>;
+  gemm[size_t(GgmlType::q6_k)] = gemm_q6K;
+  gemm[size_t(GgmlType::q8_0)] = gemm_32<Q8_0Format>;
+  gemm[size_t(GgmlType::q4_0)] = gemm_32<Q4_0Format>;
+  gemm[size_t(GgmlType::iq4_nl)] = gemm_32<Iq4NlFormat>;
+  gemm[size_t(GgmlType::mxfp4)] = gemm_32<Mxfp4Format>;
+}
+
+}  // namespace detail
+}  // namespace strata::cpu

@@ -1,0 +1,185 @@
+// Kernel benchmarks of issue #4 on the compute pool (cpu/thread_pool.h), the way the forward pass
+// runs them:
+//  - BM_expert_ffn: the fused expert FFN (moe_ffn) of one MoE layer of qwen3-30b-a3b's shape (128
+//    experts of 2048 -> 768 -> 2048, 8 active, one token), experts drawn at random from a stack far
+//    larger than the caches. Counters GBps (expert bytes read per second) and bw_frac (GBps / the
+//    DRAM read probe measured just before).
+//  - BM_gemm: prefill matmuls, W [n_out][n_in] times a batch of 8, 64 or 512 activation rows,
+//    through CpuBackend::matmul (activations quantized once, row chunks as pool tasks, the tile
+//    kernel of the start-up ISA). Counters GFLOPs (2 n_in n_out batch per second) and peak_frac
+//    (of the int8 peak calibrate.h measures).
+//  - BM_onednn_matmul (when built with oneDNN): the same shapes in f32 and bf16 through oneDNN's
+//    matmul primitive, for the comparison of issue #4 item 6.
+//
+//   build/bench/strata_bench_kernels --benchmark_filter='expert_ffn|gemm|onednn'
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/bench_common.h"
+#include "cpu/calibrate.h"
+#include "cpu/kernels.h"
+#include "cpu/ops.h"
+#include "cpu/quant_traits.h"
+#include "cpu/thread_pool.h"
+#include "model/blocks.h"
+
+#if STRATA_BENCH_ONEDNN
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+namespace strata::bench {
+namespace {
+
+// ---- the fused expert FFN of one MoE layer ----
+
+void BM_expert_ffn(benchmark::State& state, GgmlType type) {
+  constexpr int64_t kEmbd = 2048, kFf = 768, kExperts = 128, kUsed = 8;
+  // three stacks of 128 experts: 3 x 128 x 0.9 MB at Q4_K (340 MB), far beyond any L3
+  static std::unique_ptr<RandomWeights> gate, up, down;
+  static GgmlType built = GgmlType::f32;
+  if (!gate || built != type) {
+    gate = std::make_unique<RandomWeights>(type, kEmbd, kFf, kExperts, 1);
+    up = std::make_unique<RandomWeights>(type, kEmbd, kFf, kExperts, 2);
+    down = std::make_unique<RandomWeights>(type, kFf, kEmbd, kExperts, 3);
+    built = type;
+  }
+  LayerWeights l;
+  l.gate_exps = gate->stack();
+  l.up_exps = up->stack();
+  l.down_exps = down->stack();
+  const cpu::CpuBackend be(cpu::MatmulPath::quantized);
+  const std::vector<float> h = activations(kEmbd, 7);
+  std::vector<float> out(static_cast<size_t>(kEmbd));
+  std::mt19937 rng(42);
+  Routing r;
+  r.k = int(kUsed);
+  r.ids.resize(kUsed);
+  r.weights.assign(kUsed, 1.0f / kUsed);
+  const size_t bytes_per_iter = size_t(kUsed) * (2 * l.gate_exps.mat_bytes() + l.down_exps.mat_bytes());
+  const double dram = dram_gbps();
+  const double t0 = now_seconds();
+  for (auto _ : state) {
+    // 8 distinct experts (a partial Fisher-Yates over 128 ids)
+    std::array<int32_t, kExperts> ids;
+    for (int i = 0; i < kExperts; ++i) ids[size_t(i)] = i;
+    for (int j = 0; j < kUsed; ++j) {
+      std::swap(ids[size_t(j)], ids[size_t(j + int(rng() % uint32_t(kExperts - j)))]);
+      r.ids[size_t(j)] = ids[size_t(j)];
+    }
+    moe_ffn(be, l, r, h.data(), 1, kEmbd, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  set_bandwidth_counters(state, bytes_per_iter, now_seconds() - t0, dram);
+  state.SetLabel(std::string(quant_traits(type).name) + " " + std::string(cpu::isa_name()));
+}
+
+// ---- prefill GEMM ----
+
+struct GemmShape {
+  int64_t n_in, n_out;
+};
+constexpr GemmShape kGemmShape{2048, 768};  // an expert's gate / up of qwen3-30b-a3b
+
+void BM_gemm(benchmark::State& state, GgmlType type, int64_t batch) {
+  const RandomWeights w(type, kGemmShape.n_in, kGemmShape.n_out, 1, 11);
+  const cpu::CpuBackend be(cpu::MatmulPath::quantized);
+  const std::vector<float> x = activations(kGemmShape.n_in * batch, 5);
+  std::vector<float> y(static_cast<size_t>(kGemmShape.n_out * batch));
+  const double peak = int8_peak_gops();
+  const double t0 = now_seconds();
+  for (auto _ : state) {
+    be.matmul(w.stack(), x.data(), batch, y.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  const double s = now_seconds() - t0;
+  const double gflops = 2.0 * double(kGemmShape.n_in * kGemmShape.n_out * batch) * double(state.iterations()) / s / 1e9;
+  state.counters["GFLOPs"] = gflops;
+  state.counters["peak_frac"] = peak > 0 ? gflops / peak : 0.0;
+  state.counters["int8_peak_GOPs"] = peak;
+  state.SetLabel(std::string(quant_traits(type).name) + " " + std::string(cpu::isa_name()));
+}
+
+#if STRATA_BENCH_ONEDNN
+// oneDNN's matmul, y [batch][n_out] = x [batch][n_in] W^T, weights in `dt` (f32 or bf16),
+// activations in the same type, f32 out; its own threading (OpenMP) with the same thread count.
+void BM_onednn_matmul(benchmark::State& state, dnnl::memory::data_type dt, int64_t batch) {
+  using namespace dnnl;
+  engine eng(engine::kind::cpu, 0);
+  stream strm(eng);
+  const memory::dim M = batch, K = kGemmShape.n_in, N = kGemmShape.n_out;
+  memory::desc src_md({M, K}, dt, memory::format_tag::ab);
+  memory::desc wei_md({K, N}, dt, memory::format_tag::any);  // let oneDNN choose its packed layout
+  memory::desc dst_md({M, N}, memory::data_type::f32, memory::format_tag::ab);
+  matmul::primitive_desc pd;
+  try {
+    pd = matmul::primitive_desc(matmul::desc(src_md, wei_md, dst_md), eng);  // oneDNN 2.x API
+  } catch (const dnnl::error& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  memory src(pd.src_desc(), eng), wei(pd.weights_desc(), eng), dst(pd.dst_desc(), eng);
+  // fill: f32 values (bf16: their upper halves)
+  const std::vector<float> xs = activations(M * K, 3), ws = activations(K * N, 4);
+  auto fill = [dt](memory& m, const std::vector<float>& v) {
+    if (dt == memory::data_type::f32) {
+      std::memcpy(m.get_data_handle(), v.data(), std::min(m.get_desc().get_size(), v.size() * 4));
+    } else {
+      auto* p = static_cast<uint16_t*>(m.get_data_handle());
+      const size_t n = std::min(m.get_desc().get_size() / 2, v.size());
+      for (size_t i = 0; i < n; ++i) {
+        uint32_t b;
+        std::memcpy(&b, &v[i], 4);
+        p[i] = uint16_t(b >> 16);
+      }
+    }
+  };
+  fill(src, xs);
+  fill(wei, ws);  // layout is oneDNN's; values are random either way
+  matmul prim(pd);
+  const double t0 = now_seconds();
+  for (auto _ : state) {
+    prim.execute(strm, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
+    strm.wait();
+  }
+  const double s = now_seconds() - t0;
+  state.counters["GFLOPs"] = 2.0 * double(M * K * N) * double(state.iterations()) / s / 1e9;
+  state.SetLabel(dt == memory::data_type::f32 ? "f32" : "bf16");
+}
+#endif
+
+const int kRegistered = [] {
+  for (GgmlType type : {GgmlType::q4_k, GgmlType::q6_k, GgmlType::q8_0, GgmlType::mxfp4}) {
+    const std::string tname(quant_traits(type).name);
+    benchmark::RegisterBenchmark(("BM_expert_ffn/" + tname).c_str(), BM_expert_ffn, type)
+        ->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(1.0);
+  }
+  for (GgmlType type : {GgmlType::q4_k, GgmlType::q6_k, GgmlType::q8_0, GgmlType::mxfp4, GgmlType::q4_0,
+                        GgmlType::q5_k, GgmlType::bf16, GgmlType::f16}) {
+    const std::string tname(quant_traits(type).name);
+    for (int64_t batch : {8, 64, 512})
+      benchmark::RegisterBenchmark(("BM_gemm/" + tname + "/" + std::to_string(batch)).c_str(), BM_gemm, type, batch)
+          ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+  }
+#if STRATA_BENCH_ONEDNN
+  for (auto dt : {dnnl::memory::data_type::f32, dnnl::memory::data_type::bf16})
+    for (int64_t batch : {8, 64, 512})
+      benchmark::RegisterBenchmark(
+          (std::string("BM_onednn_matmul/") + (dt == dnnl::memory::data_type::f32 ? "f32/" : "bf16/") +
+           std::to_string(batch)).c_str(), BM_onednn_matmul, dt, batch)
+          ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+#endif
+  return 0;
+}();
+
+}  // namespace
+}  // namespace strata::bench

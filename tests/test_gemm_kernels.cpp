@@ -1,0 +1,339 @@
+// The tile kernels (kernels.h GemmFn: src/cpu/avx2/gemm_avx2.cpp, src/cpu/avx512/gemm_avx512.cpp)
+// against the scalar reference vec_dot (quant_ref.h) on fresh random data, for every ISA this CPU
+// supports and every type that ISA has a tile kernel for; an ISA the CPU lacks is skipped.
+//
+// Tolerance. A tile kernel computes the reference's integer sums exactly and differs only in the
+// order of the float scaling and accumulation (per block or super-block a few products, then a
+// running sum over the nb blocks), so each output cell obeys the bound of
+// tests/test_simd_kernels.cpp:
+//   |gemm - ref| <= 2 (nb + 16) 2^-24 M,   M = sum_i |w_i| |a_i|
+// of the dequantized weight and activation rows (Q4_K / Q5_K: the scale part and the min part of
+// w_i counted separately, since the reference rounds d * isum and dmin * imins apart): the
+// worst-case rounding error of two sums of nb + 16 rounded terms of total magnitude <= M. A wrong
+// element, block, row or token would be off by about one term, far above that.
+//
+// Also checked: the kernel writes only its cells (y's padding columns when ldy > n_rows stay NaN),
+// honours w_stride / a_stride larger than a row, sees every row and token in ragged shapes, and
+// gives the same results when several threads run it at once on different row ranges.
+//
+// Randomness is fresh on every run; the seed is printed with every failure and can be replayed
+// with STRATA_TEST_SEED=<seed>.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpu/fp16.h"
+#include "cpu/kernels.h"
+#include "cpu/quant_blocks.h"
+#include "cpu/quant_traits.h"
+
+namespace strata {
+namespace {
+
+using cpu::CpuIsa;
+using cpu::GemmFn;
+using cpu::KernelTable;
+
+uint64_t test_seed() {
+  static const uint64_t seed = [] {
+    if (const char* env = std::getenv("STRATA_TEST_SEED")) return uint64_t(std::strtoull(env, nullptr, 10));
+    std::random_device rd;
+    return (uint64_t(rd()) << 32) ^ rd();
+  }();
+  return seed;
+}
+
+#define SEED_TRACE() SCOPED_TRACE("STRATA_TEST_SEED=" + std::to_string(test_seed()))
+
+struct Rng {
+  std::mt19937_64 gen;
+  explicit Rng(uint64_t salt) : gen(test_seed() ^ (salt * 0x9E3779B97F4A7C15ull)) {}
+  float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(gen); }
+  float normal() { return std::normal_distribution<float>(0.0f, 1.0f)(gen); }
+  int int_in(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen); }
+  uint8_t byte() { return uint8_t(int_in(0, 255)); }
+  // A finite fp16 scale, log-uniform in [2^-20, 2^-2], random sign when `signed_scale`.
+  uint16_t half_scale(bool signed_scale) {
+    float v = std::ldexp(1.0f, int_in(-20, -3)) * uniform(1.0f, 2.0f);
+    if (signed_scale && int_in(0, 1)) v = -v;
+    return f32_to_fp16(v);
+  }
+  // Activations: normal, with an occasional outlier as real hidden states have.
+  std::vector<float> activations(int64_t n) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& v : x) v = normal() * (int_in(0, 63) == 0 ? 8.0f : 1.0f);
+    return x;
+  }
+};
+
+const CpuIsa kSimdIsas[] = {CpuIsa::avx2, CpuIsa::avx512};
+
+bool has_mins(GgmlType t) { return t == GgmlType::q4_k || t == GgmlType::q5_k; }
+
+// Where the scales of a block are, and how they are drawn.
+struct ScaleFields {
+  size_t d = 0;            // offset of the fp16 scale (or the E8M0 byte of mxfp4)
+  size_t dmin = SIZE_MAX;  // offset of the fp16 min scale (Q4_K / Q5_K)
+  bool signed_scale = true;
+};
+ScaleFields scale_fields(GgmlType t) {
+  switch (t) {
+    case GgmlType::q4_0: return {offsetof(block_q4_0, d)};
+    case GgmlType::q5_0: return {offsetof(block_q5_0, d)};
+    case GgmlType::q8_0: return {offsetof(block_q8_0, d)};
+    case GgmlType::iq4_nl: return {offsetof(block_iq4_nl, d)};
+    case GgmlType::mxfp4: return {offsetof(block_mxfp4, e)};
+    case GgmlType::q4_k: return {offsetof(block_q4_K, d), offsetof(block_q4_K, dmin), false};
+    case GgmlType::q5_k: return {offsetof(block_q5_K, d), offsetof(block_q5_K, dmin), false};
+    case GgmlType::q6_k: return {offsetof(block_q6_K, d)};
+    default: ADD_FAILURE() << "no scale layout for type " << int(t); return {};
+  }
+}
+
+void put_half(uint8_t* p, uint16_t h) { std::memcpy(p, &h, 2); }
+
+// A random weight row at `row`: random quant bytes (every bit pattern is a valid quant), random
+// valid scales. Q6_K's int8 sub-block scales are random too (-128..127).
+void random_weight_row(Rng& rng, GgmlType type, int64_t n, uint8_t* row) {
+  const QuantTraits& t = quant_traits(type);
+  const size_t nb = size_t(n / t.block_size);
+  for (size_t i = 0; i < nb * t.type_size; ++i) row[i] = rng.byte();
+  const ScaleFields f = scale_fields(type);
+  for (size_t i = 0; i < nb; ++i) {
+    uint8_t* b = row + i * t.type_size;
+    if (type == GgmlType::mxfp4) {
+      b[f.d] = uint8_t(rng.int_in(110, 130));
+      continue;
+    }
+    put_half(b + f.d, rng.half_scale(f.signed_scale));
+    if (f.dmin != SIZE_MAX) put_half(b + f.dmin, rng.half_scale(false));
+  }
+}
+
+// Every quant at its largest magnitude (most negative where the format is signed) and the packed
+// sub-block scales at their largest: the widest intermediate sums a kernel can meet.
+void make_extreme(GgmlType type, int64_t n, uint8_t* row) {
+  const QuantTraits& t = quant_traits(type);
+  for (size_t i = 0; i < size_t(n / t.block_size); ++i) {
+    uint8_t* b = row + i * t.type_size;
+    switch (type) {
+      case GgmlType::q4_0: std::memset(reinterpret_cast<block_q4_0*>(b)->qs, 0x00, 16); break;
+      case GgmlType::q5_0: {
+        auto* q = reinterpret_cast<block_q5_0*>(b);
+        std::memset(q->qs, 0x00, 16);
+        std::memset(q->qh, 0x00, 4);
+        break;
+      }
+      case GgmlType::q8_0: std::memset(reinterpret_cast<block_q8_0*>(b)->qs, 0x80, 32); break;
+      case GgmlType::iq4_nl: std::memset(reinterpret_cast<block_iq4_nl*>(b)->qs, 0x00, 16); break;
+      case GgmlType::mxfp4: std::memset(reinterpret_cast<block_mxfp4*>(b)->qs, 0xFF, 16); break;
+      case GgmlType::q4_k: {
+        auto* q = reinterpret_cast<block_q4_K*>(b);
+        std::memset(q->scales, 0xFF, 12);
+        std::memset(q->qs, 0xFF, 128);
+        break;
+      }
+      case GgmlType::q5_k: {
+        auto* q = reinterpret_cast<block_q5_K*>(b);
+        std::memset(q->scales, 0xFF, 12);
+        std::memset(q->qs, 0xFF, 128);
+        std::memset(q->qh, 0xFF, 32);
+        break;
+      }
+      case GgmlType::q6_k: {
+        auto* q = reinterpret_cast<block_q6_K*>(b);
+        std::memset(q->ql, 0x00, 128);
+        std::memset(q->qh, 0x00, 64);
+        std::memset(q->scales, 0x80, 16);
+        break;
+      }
+      default: ADD_FAILURE() << "no extreme row for " << t.name;
+    }
+  }
+}
+
+std::vector<float> dequantize(GgmlType type, const uint8_t* row, int64_t n) {
+  std::vector<float> y(static_cast<size_t>(n));
+  quant_traits(type).dequantize_row(row, y.data(), n);
+  return y;
+}
+
+// |w_i| of a weight row for the magnitude M: Q4_K / Q5_K as |scale part| + |min part|.
+std::vector<double> weight_magnitudes(GgmlType type, const uint8_t* row, int64_t n) {
+  const QuantTraits& t = quant_traits(type);
+  std::vector<double> m(static_cast<size_t>(n));
+  if (has_mins(type)) {
+    const ScaleFields f = scale_fields(type);
+    const size_t bytes = size_t(n / t.block_size) * t.type_size;
+    std::vector<uint8_t> scale_part(row, row + bytes), min_part(row, row + bytes);
+    for (size_t i = 0; i < size_t(n / t.block_size); ++i) {
+      put_half(&scale_part[i * t.type_size + f.dmin], 0);
+      put_half(&min_part[i * t.type_size + f.d], 0);
+    }
+    const std::vector<float> s = dequantize(type, scale_part.data(), n), mn = dequantize(type, min_part.data(), n);
+    for (size_t i = 0; i < m.size(); ++i) m[i] = std::fabs(double(s[i])) + std::fabs(double(mn[i]));
+  } else {
+    const std::vector<float> w = dequantize(type, row, n);
+    for (size_t i = 0; i < m.size(); ++i) m[i] = std::fabs(double(w[i]));
+  }
+  return m;
+}
+
+// Runs `body(table)` for every SIMD ISA the CPU supports; skips the test when it supports none.
+template <class Body>
+void for_each_isa(Body body) {
+  int ran = 0;
+  for (CpuIsa isa : kSimdIsas) {
+    if (!cpu::isa_supported(isa)) continue;
+    SCOPED_TRACE("isa " + std::string(cpu::isa_name(isa)));
+    body(cpu::cpu_kernels(isa));
+    ++ran;
+  }
+  if (ran == 0) GTEST_SKIP() << "this CPU supports none of the SIMD variants (avx2, avx512)";
+}
+
+// The types a table has a tile kernel for.
+std::vector<GgmlType> gemm_types(const KernelTable& k) {
+  std::vector<GgmlType> v;
+  for (const GgmlTypeTraits& g : kGgmlTypeTable)
+    if (k.gemm[size_t(g.type)] != nullptr) v.push_back(g.type);
+  return v;
+}
+
+// A problem: n_rows weight rows and n_tok activation rows, each at its stride, random.
+struct Problem {
+  GgmlType type;
+  int64_t n, n_rows, n_tok;
+  size_t w_stride, a_stride;
+  std::vector<uint8_t> w, a;
+
+  Problem(Rng& rng, GgmlType type_, int64_t n_, int64_t rows, int64_t toks, size_t w_pad, size_t a_pad,
+          bool extreme = false)
+      : type(type_), n(n_), n_rows(rows), n_tok(toks) {
+    const QuantTraits& t = quant_traits(type);
+    const QuantTraits& at = quant_traits(t.vec_dot_type);
+    w_stride = size_t(n / t.block_size) * t.type_size + w_pad;
+    a_stride = size_t(n / at.block_size) * at.type_size + a_pad;
+    w.assign(w_stride * size_t(n_rows), 0xCD);
+    a.assign(a_stride * size_t(n_tok), 0xCD);
+    for (int64_t r = 0; r < n_rows; ++r) {
+      random_weight_row(rng, type, n, row(r));
+      if (extreme) make_extreme(type, n, row(r));
+    }
+    for (int64_t i = 0; i < n_tok; ++i) {
+      std::vector<float> x = rng.activations(n);
+      if (extreme)
+        for (size_t j = 0; j < x.size(); ++j) x[j] = (i % 2 == 0 || j % 2 == 0) ? -1.0f : 1.0f;
+      at.from_float(x.data(), tok(i), n);
+    }
+  }
+  uint8_t* row(int64_t r) { return w.data() + size_t(r) * w_stride; }
+  uint8_t* tok(int64_t i) { return a.data() + size_t(i) * a_stride; }
+};
+
+// Runs the kernel into a NaN-filled y of leading dimension ldy and checks every cell against the
+// reference (and the padding columns r >= n_rows untouched).
+void check_gemm(const KernelTable& k, Problem& p, int64_t ldy) {
+  const QuantTraits& t = quant_traits(p.type);
+  const GemmFn gemm = k.gemm[size_t(p.type)];
+  ASSERT_NE(gemm, nullptr);
+  std::vector<float> y(size_t(ldy * p.n_tok), std::nanf(""));
+  gemm(p.n, p.w.data(), p.w_stride, p.n_rows, p.a.data(), p.a_stride, p.n_tok, y.data(), ldy);
+
+  std::vector<std::vector<double>> wm;
+  for (int64_t r = 0; r < p.n_rows; ++r) wm.push_back(weight_magnitudes(p.type, p.row(r), p.n));
+  const double nb = double(p.n / t.block_size);
+  const std::string shape = std::string(t.name) + " n=" + std::to_string(p.n) + " rows=" +
+                            std::to_string(p.n_rows) + " tok=" + std::to_string(p.n_tok) + " ldy=" +
+                            std::to_string(ldy);
+  int failures = 0;
+  for (int64_t i = 0; i < p.n_tok && failures < 5; ++i) {
+    const std::vector<float> ad = dequantize(t.vec_dot_type, p.tok(i), p.n);
+    for (int64_t r = 0; r < p.n_rows && failures < 5; ++r) {
+      const float want = t.vec_dot(p.n, p.row(r), p.tok(i));
+      const float got = y[size_t(i * ldy + r)];
+      double m = 0;
+      for (size_t e = 0; e < ad.size(); ++e) m += wm[size_t(r)][e] * std::fabs(double(ad[e]));
+      const double tol = 2.0 * (nb + 16.0) * std::ldexp(1.0, -24) * m + 1e-30;
+      if (!(std::fabs(double(got) - double(want)) <= tol)) {
+        ADD_FAILURE() << shape << ": y[tok " << i << "][row " << r << "] = " << got << ", reference " << want
+                      << " (tolerance " << tol << ")";
+        ++failures;
+      }
+    }
+    for (int64_t r = p.n_rows; r < ldy; ++r) {
+      if (!std::isnan(y[size_t(i * ldy + r)])) {
+        ADD_FAILURE() << shape << ": wrote padding cell y[tok " << i << "][" << r << "]";
+        ++failures;
+      }
+    }
+  }
+}
+
+std::vector<int64_t> lengths_for(GgmlType type) {
+  std::vector<int64_t> v = {256, 768, 2048};
+  // 32-element formats take blocks eight at a time: 3, 9 and 13 blocks leave remainders
+  if (quant_traits(type).block_size == 32) v.insert(v.end(), {96, 288, 416});
+  return v;
+}
+
+TEST(GemmKernels, RandomTilesMatchReference) {
+  SEED_TRACE();
+  Rng rng(201);
+  for_each_isa([&](const KernelTable& k) {
+    for (GgmlType type : gemm_types(k)) {
+      for (int64_t n : lengths_for(type)) {
+        for (int64_t rows : {1, 7, 16, 33, 64}) {
+          for (int64_t tok : {1, 2, 7, 64, 130}) {
+            // padded strides and ldy on every other shape
+            const bool pad = (rows + tok) % 2 == 1;
+            Problem p(rng, type, n, rows, tok, pad ? 48 : 0, pad ? 20 : 0);
+            check_gemm(k, p, pad ? rows + 5 : rows);
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST(GemmKernels, ExtremeQuantsMatchReference) {
+  SEED_TRACE();
+  Rng rng(202);
+  for_each_isa([&](const KernelTable& k) {
+    for (GgmlType type : gemm_types(k)) {
+      Problem p(rng, type, 2048, 19, 11, 0, 0, /*extreme=*/true);
+      check_gemm(k, p, 19);
+    }
+  });
+}
+
+// The caller runs the kernel on row chunks from several threads at once: same cells as one call.
+TEST(GemmKernels, ConcurrentRowChunksMatchOneCall) {
+  SEED_TRACE();
+  Rng rng(203);
+  for_each_isa([&](const KernelTable& k) {
+    for (GgmlType type : gemm_types(k)) {
+      Problem p(rng, type, 1024, 96, 37, 0, 0);
+      const GemmFn gemm = k.gemm[size_t(type)];
+      std::vector<float> one(size_t(p.n_rows * p.n_tok)), many(one.size(), std::nanf(""));
+      gemm(p.n, p.w.data(), p.w_stride, p.n_rows, p.a.data(), p.a_stride, p.n_tok, one.data(), p.n_rows);
+      std::vector<std::thread> threads;
+      for (int64_t r0 = 0; r0 < p.n_rows; r0 += 16) {
+        threads.emplace_back([&, r0] {
+          gemm(p.n, p.row(r0), p.w_stride, 16, p.a.data(), p.a_stride, p.n_tok, many.data() + r0, p.n_rows);
+        });
+      }
+      for (auto& th : threads) th.join();
+      EXPECT_EQ(std::memcmp(one.data(), many.data(), one.size() * sizeof(float)), 0) << quant_traits(type).name;
+    }
+  });
+}
+
+}  // namespace
+}  // namespace strata
