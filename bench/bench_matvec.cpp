@@ -104,6 +104,20 @@ struct Pool {
       std::memcpy(row + i, &v, 8);
     }
     for (size_t i = bytes / 8 * 8; i < bytes; ++i) row[i] = uint8_t(next());
+    if (type == GgmlType::f16 || type == GgmlType::bf16) {
+      // random finite normal values, magnitudes in [2^-3, 2): f16 exponent field 12..15, bf16
+      // 124..127
+      const uint16_t keep = type == GgmlType::f16 ? 0x83FF : 0x807F;
+      const uint16_t set = type == GgmlType::f16 ? 0x3000 : 0x3E00;
+      const uint16_t random = type == GgmlType::f16 ? 0x0C00 : 0x0180;
+      for (size_t i = 0; i + 2 <= bytes; i += 2) {
+        uint16_t h;
+        std::memcpy(&h, row + i, 2);
+        h = uint16_t((h & (keep | random)) | set);
+        std::memcpy(row + i, &h, 2);
+      }
+      return;
+    }
     const QuantTraits& q = quant_traits(type);
     for (size_t b = 0; b < bytes / q.type_size; ++b) {
       uint8_t* blk = row + b * q.type_size;
@@ -176,6 +190,7 @@ void BM_matvec(benchmark::State& state, GgmlType type, CpuIsa isa, int64_t n_in,
   const cpu::KernelTable& k = cpu::cpu_kernels(isa);
   const QuantTraits& qt = quant_traits(type);
   const VecDotFn vec_dot = k.dot(type);
+  // null for f16 / bf16, whose activations stay float
   const QuantizeRowFn quantize = k.quantize(qt.vec_dot_type);
   const std::vector<float> x = activations(n_in);
   std::vector<uint8_t> xq(ggml_row_bytes(qt.vec_dot_type, uint64_t(n_in)));
@@ -184,8 +199,11 @@ void BM_matvec(benchmark::State& state, GgmlType type, CpuIsa isa, int64_t n_in,
   const double t0 = now_seconds();
   for (auto _ : state) {
     const Weight w = p.matrix(next++);
-    quantize(x.data(), xq.data(), n_in);
-    const uint8_t* a = xq.data();
+    const void* a = x.data();
+    if (quantize) {
+      quantize(x.data(), xq.data(), n_in);
+      a = xq.data();
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < n_out; ++r) y[size_t(r)] = vec_dot(n_in, w.row(r), a);
     benchmark::DoNotOptimize(y.data());
@@ -217,8 +235,9 @@ struct Shape {
 };
 
 // Same list as tests/test_simd_kernels.cpp kSimdTypes.
-const GgmlType kTypes[] = {GgmlType::q4_k, GgmlType::q5_k, GgmlType::q6_k, GgmlType::q8_0,
-                           GgmlType::q4_0, GgmlType::q5_0, GgmlType::mxfp4, GgmlType::iq4_nl};
+const GgmlType kTypes[] = {GgmlType::q4_k, GgmlType::q5_k, GgmlType::q6_k,  GgmlType::q8_0,
+                           GgmlType::q4_0, GgmlType::q5_0, GgmlType::mxfp4, GgmlType::iq4_nl,
+                           GgmlType::f16,  GgmlType::bf16};
 const Shape kShapes[] = {{4096, 4096, "4096x4096"},
                          {2048, 768, "expert_2048in_768out"},
                          {768, 2048, "expert_768in_2048out"}};

@@ -14,6 +14,9 @@
 //    with nb the number of blocks and M = sum_i |w_i| |a_i| of the dequantized weights and
 //    activations (Q4_K / Q5_K: the scale and min parts of w_i counted separately); this is the
 //    worst-case float error of two sums of nb + 16 rounded terms of total magnitude <= M;
+//  - F16 / BF16 weights against float activations: every product is exact in float (FMA), the
+//    variants sum them in at least 32 float lanes (n / 32 terms each, then a reduction tree), the
+//    reference in double rounded once to float; the same bound holds with nb = n / 32;
 //  - the same on rows of extreme quants (all at their largest magnitude), which would show a
 //    saturating 16-bit intermediate.
 //
@@ -76,21 +79,29 @@ struct Rng {
 const CpuIsa kSimdIsas[] = {CpuIsa::avx2, CpuIsa::avx512};
 
 // Weight types with SIMD variants (the same list drives bench/bench_matvec.cpp).
-const GgmlType kSimdTypes[] = {GgmlType::q4_0, GgmlType::q5_0, GgmlType::q8_0, GgmlType::iq4_nl,
-                               GgmlType::mxfp4, GgmlType::q4_k, GgmlType::q5_k, GgmlType::q6_k};
+const GgmlType kSimdTypes[] = {GgmlType::q4_0,  GgmlType::q5_0, GgmlType::q8_0, GgmlType::iq4_nl,
+                               GgmlType::mxfp4, GgmlType::q4_k, GgmlType::q5_k, GgmlType::q6_k,
+                               GgmlType::f16,   GgmlType::bf16};
 
 const int64_t kLengths[] = {256, 1024, 4096, 11008};  // 11008 = 43 * 256: not a power of two
 // Extra lengths for the 32-element formats, whose kernels take blocks four at a time: 1, 3 and
 // 67 blocks leave every remainder of that.
 const int64_t kShortLengths[] = {32, 96, 2144};
+// Extra lengths for F16 / BF16 (any n): every remainder of the 16- and 64-element steps, and none.
+const int64_t kFloatLengths[] = {0, 1, 7, 15, 33, 100, 4097};
+
+bool is_float16(GgmlType t) { return t == GgmlType::f16 || t == GgmlType::bf16; }
 
 std::vector<int64_t> lengths_for(GgmlType type, std::initializer_list<int64_t> base) {
   std::vector<int64_t> v(base);
   if (quant_traits(type).block_size == 32) v.insert(v.end(), std::begin(kShortLengths), std::end(kShortLengths));
+  if (is_float16(type)) v.insert(v.end(), std::begin(kFloatLengths), std::end(kFloatLengths));
   return v;
 }
 
 bool has_mins(GgmlType t) { return t == GgmlType::q4_k || t == GgmlType::q5_k; }
+
+uint16_t to_float16(GgmlType t, float v) { return t == GgmlType::f16 ? f32_to_fp16(v) : f32_to_bf16(v); }
 
 // Where the scales of a block are, and how they are drawn.
 struct ScaleFields {
@@ -120,6 +131,12 @@ std::vector<uint8_t> random_weight_row(Rng& rng, GgmlType type, int64_t n) {
   const QuantTraits& t = quant_traits(type);
   const size_t nb = size_t(n / t.block_size);
   std::vector<uint8_t> row(nb * t.type_size);
+  if (is_float16(type)) {
+    // F16 / BF16: finite values of widely spread magnitudes (F16 subnormals below 2^-14 included)
+    const int lo = type == GgmlType::f16 ? -20 : -40, hi = type == GgmlType::f16 ? 4 : 40;
+    for (size_t i = 0; i < nb; ++i) put_half(row, 2 * i, to_float16(type, std::ldexp(rng.normal(), rng.int_in(lo, hi))));
+    return row;
+  }
   for (auto& b : row) b = rng.byte();
   const ScaleFields f = scale_fields(type);
   for (size_t i = 0; i < nb; ++i) {
@@ -135,7 +152,7 @@ std::vector<uint8_t> random_weight_row(Rng& rng, GgmlType type, int64_t n) {
 }
 
 // Every quant at its largest magnitude (most negative where the format is signed), the packed
-// sub-block scales at their largest, random scales.
+// sub-block scales at their largest, random scales; F16 / BF16: every value a large negative one.
 std::vector<uint8_t> extreme_weight_row(Rng& rng, GgmlType type, int64_t n) {
   std::vector<uint8_t> row = random_weight_row(rng, type, n);
   const QuantTraits& t = quant_traits(type);
@@ -143,6 +160,9 @@ std::vector<uint8_t> extreme_weight_row(Rng& rng, GgmlType type, int64_t n) {
   for (size_t i = 0; i < nb; ++i) {
     uint8_t* b = row.data() + i * t.type_size;
     switch (type) {
+      // F16: the largest finite value; BF16: -2^100 (its largest would overflow the float sum)
+      case GgmlType::f16: put_half(row, 2 * i, 0xFBFF); break;
+      case GgmlType::bf16: put_half(row, 2 * i, 0xF180); break;
       case GgmlType::q4_0: std::memset(reinterpret_cast<block_q4_0*>(b)->qs, 0x00, 16); break;  // -8
       case GgmlType::q5_0: {
         auto* q = reinterpret_cast<block_q5_0*>(b);  // nibble 0, fifth bit 0: -16
@@ -217,7 +237,7 @@ double magnitude(GgmlType type, const std::vector<uint8_t>& w, const std::vector
 }
 
 double float_tolerance(GgmlType type, int64_t n, double magnitude) {
-  const double nb = double(n / quant_traits(type).block_size);
+  const double nb = is_float16(type) ? double(n / 32) : double(n / quant_traits(type).block_size);
   return 2.0 * (nb + 16.0) * std::ldexp(1.0, -24) * magnitude + 1e-30;
 }
 
@@ -379,8 +399,38 @@ TEST(SimdQuantize, Q80BlocksBitIdentical) {
 // ---------------------------------------------------------------------------------------------
 // dot products
 
-// Exact arithmetic: one power-of-two scale d per weight row (Q4_K / Q5_K: dmin = |d|), one per
-// activation row, activation quants in -3..3 (Q5_K: -1..1) and Q6_K sub-block scales in -31..31,
+// The weight row of the exact test below: one power-of-two scale 2^d_exp (random sign; Q4_K /
+// Q5_K: dmin = 2^d_exp) for every block, Q6_K sub-block scales in -31..31; F16 / BF16 values
+// integers in -7..7 times 2^d_exp.
+void make_exact_weights(Rng& rng, GgmlType type, std::vector<uint8_t>& w, int64_t n, int d_exp) {
+  if (is_float16(type)) {
+    for (size_t i = 0; i < size_t(n); ++i)
+      put_half(w, 2 * i, to_float16(type, std::ldexp(float(rng.int_in(-7, 7)), d_exp)));
+    return;
+  }
+  const QuantTraits& t = quant_traits(type);
+  const ScaleFields f = scale_fields(type);
+  const uint16_t d = f32_to_fp16(std::ldexp(rng.int_in(0, 1) ? 1.0f : -1.0f, d_exp));
+  const uint16_t dmin = f32_to_fp16(std::ldexp(1.0f, d_exp));
+  const uint8_t e = uint8_t(127 + 1 + d_exp);  // mxfp4: 2^(e - 128) = 2^d_exp
+  for (size_t i = 0; i < size_t(n / t.block_size); ++i) {
+    uint8_t* b = w.data() + i * t.type_size;
+    if (type == GgmlType::mxfp4) {
+      b[f.d] = e;
+    } else {
+      std::memcpy(b + f.d, &d, 2);
+      if (has_mins(type)) std::memcpy(b + f.dmin, &dmin, 2);
+    }
+    if (type == GgmlType::q6_k) {
+      auto* q = reinterpret_cast<block_q6_K*>(b);
+      for (int8_t& s : q->scales) s = int8_t(rng.int_in(-31, 31));
+    }
+  }
+}
+
+// Exact arithmetic: one power-of-two scale d per weight row (Q4_K / Q5_K: dmin = |d|; F16 / BF16:
+// small integer values times d), one per activation row, activation quants in -3..3 (Q5_K: -1..1;
+// float activations likewise) and Q6_K sub-block scales in -31..31,
 // so that every partial sum, in either order, is an integer multiple of the product of the scales
 // below 2^24 times it (the test checks that premise: M / unit < 2^24). Then every float operation
 // of both the reference and the variant is exact, and the variant must equal the reference bit for
@@ -396,29 +446,16 @@ TEST(SimdDot, ExactWhenFloatMathIsExact) {
       for (int64_t n : lengths_for(type, {256, 1024, 4096})) {
         for (int rep = 0; rep < 4; ++rep) {
           std::vector<uint8_t> w = random_weight_row(rng, type, n);
-          const ScaleFields f = scale_fields(type);
           const int d_exp = -rng.int_in(2, 8);
-          const uint16_t d = f32_to_fp16(std::ldexp(rng.int_in(0, 1) ? 1.0f : -1.0f, d_exp));
-          const uint16_t dmin = f32_to_fp16(std::ldexp(1.0f, d_exp));
-          const uint8_t e = uint8_t(127 + 1 + d_exp);  // mxfp4: 2^(e - 128) = 2^d_exp
-          for (size_t i = 0; i < size_t(n / t.block_size); ++i) {
-            uint8_t* b = w.data() + i * t.type_size;
-            if (type == GgmlType::mxfp4) {
-              b[f.d] = e;
-            } else {
-              std::memcpy(b + f.d, &d, 2);
-              if (has_mins(type)) std::memcpy(b + f.dmin, &dmin, 2);
-            }
-            if (type == GgmlType::q6_k) {
-              auto* q = reinterpret_cast<block_q6_K*>(b);
-              for (int8_t& s : q->scales) s = int8_t(rng.int_in(-31, 31));
-            }
-          }
+          make_exact_weights(rng, type, w, n, d_exp);
           // activation blocks built directly: small quants, one power-of-two scale
           std::vector<uint8_t> a(size_t(n / at.block_size) * at.type_size);
           const int a_exp = -rng.int_in(0, 6);
           const float ad = std::ldexp(1.0f, a_exp);
-          if (t.vec_dot_type == GgmlType::q8_k) {
+          if (t.vec_dot_type == GgmlType::f32) {
+            auto* x = reinterpret_cast<float*>(a.data());
+            for (int64_t i = 0; i < n; ++i) x[i] = ad * float(rng.int_in(-qa_max, qa_max));
+          } else if (t.vec_dot_type == GgmlType::q8_k) {
             auto* blocks = reinterpret_cast<block_q8_K*>(a.data());
             for (int64_t i = 0; i < n / QK_K; ++i) {
               blocks[i].d = ad;
@@ -483,6 +520,28 @@ TEST(SimdDot, ExtremeQuantsWithinFloatRounding) {
       }
     }
   });
+}
+
+// F32 weights (routers, attention scores): the SIMD dot against the double-summed reference on
+// random rows of every tail length; the bound is the float one of the other kernels with 16-lane
+// partial sums: |simd - ref| <= 2 (n / 16 + 16) 2^-24 sum |w_i a_i|.
+TEST(SimdDot, F32WithinFloatRounding) {
+  SEED_TRACE();
+  Rng rng(77);
+  const VecDotFn ref = quant_traits(GgmlType::f32).vec_dot;
+  for (CpuIsa isa : kSimdIsas) {
+    if (!cpu::isa_supported(isa)) continue;
+    const VecDotFn dot = cpu::cpu_kernels(isa).dot(GgmlType::f32);
+    ASSERT_NE(dot, ref) << "no SIMD f32 kernel for " << cpu::isa_name(isa);
+    for (int64_t n : {0, 1, 7, 15, 16, 33, 100, 128, 576, 4097}) {
+      const std::vector<float> w = rng.activations(n), a = rng.activations(n);
+      double m = 0;
+      for (int64_t i = 0; i < n; ++i) m += std::abs(double(w[size_t(i)]) * a[size_t(i)]);
+      const double bound = 2.0 * (double(n) / 16 + 16) * std::ldexp(1.0, -24) * m;
+      EXPECT_LE(std::abs(double(dot(n, w.data(), a.data())) - double(ref(n, w.data(), a.data()))), bound)
+          << cpu::isa_name(isa) << " n=" << n;
+    }
+  }
 }
 
 }  // namespace

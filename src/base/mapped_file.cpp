@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -12,25 +13,61 @@
 namespace strata {
 
 MappedFile::~MappedFile() {
-  if (data_ != nullptr && size_ > 0) munmap(const_cast<uint8_t*>(data_), size_);
+  if (data_ != nullptr && mapped_ > 0) munmap(const_cast<uint8_t*>(data_), mapped_);
 }
 
 MappedFile::MappedFile(MappedFile&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
+      mapped_(std::exchange(other.mapped_, 0)),
       path_(std::move(other.path_)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   if (this != &other) {
-    if (data_ != nullptr && size_ > 0) munmap(const_cast<uint8_t*>(data_), size_);
+    if (data_ != nullptr && mapped_ > 0) munmap(const_cast<uint8_t*>(data_), mapped_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    mapped_ = std::exchange(other.mapped_, 0);
     path_ = std::move(other.path_);
   }
   return *this;
 }
 
-Result<MappedFile> MappedFile::open(const std::string& path) {
+namespace {
+
+// Reads the whole file into anonymous memory backed by transparent huge pages where the kernel
+// allows (madvise mode). The page cache keeps its copy (clean pages, evicted first under memory
+// pressure, and a second load is a memory copy instead of a disk read). Returns the mapping or an
+// error; the caller owns it (munmap of `mapped` bytes).
+Result<uint8_t*> read_into_ram(int fd, const std::string& path, size_t size, size_t mapped) {
+  void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    return Error{strfmt("%s: cannot allocate %zu bytes to load it into RAM: %s", path.c_str(), mapped,
+                        std::strerror(errno))};
+  }
+  madvise(p, mapped, MADV_HUGEPAGE);  // advisory: 4 KiB pages where THP is off
+  auto* dst = static_cast<uint8_t*>(p);
+  constexpr size_t kChunk = size_t(64) << 20;
+  for (size_t off = 0; off < size;) {
+    const size_t want = std::min(kChunk, size - off);
+    const ssize_t got = ::pread(fd, dst + off, want, off_t(off));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      const int e = errno;
+      munmap(p, mapped);
+      return Error{got == 0 ? strfmt("%s: file ended at byte %zu while loading %zu bytes (truncated while reading?)",
+                                     path.c_str(), off, size)
+                            : strfmt("%s: read failed at byte %zu: %s", path.c_str(), off, std::strerror(e))};
+    }
+    off += size_t(got);
+  }
+  mprotect(p, mapped, PROT_READ);
+  return dst;
+}
+
+}  // namespace
+
+Result<MappedFile> MappedFile::open(const std::string& path, Mode mode) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Error{strfmt("%s: cannot open: %s", path.c_str(), std::strerror(errno))};
   struct stat st {};
@@ -46,7 +83,17 @@ Result<MappedFile> MappedFile::open(const std::string& path) {
   MappedFile f;
   f.path_ = path;
   f.size_ = static_cast<size_t>(st.st_size);
-  if (f.size_ > 0) {
+  if (f.size_ > 0 && mode == Mode::ram) {
+    constexpr size_t kHuge = size_t(2) << 20;
+    const size_t mapped = (f.size_ + kHuge - 1) / kHuge * kHuge;
+    auto p = read_into_ram(fd, path, f.size_, mapped);
+    if (!p) {
+      ::close(fd);
+      return p.error();
+    }
+    f.data_ = *p;
+    f.mapped_ = mapped;
+  } else if (f.size_ > 0) {
     void* p = mmap(nullptr, f.size_, PROT_READ, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
       int e = errno;
@@ -54,6 +101,7 @@ Result<MappedFile> MappedFile::open(const std::string& path) {
       return Error{strfmt("%s: cannot mmap %zu bytes: %s", path.c_str(), f.size_, std::strerror(e))};
     }
     f.data_ = static_cast<const uint8_t*>(p);
+    f.mapped_ = f.size_;
   }
   ::close(fd);
   return f;

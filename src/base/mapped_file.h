@@ -1,4 +1,9 @@
-// A read-only memory map of a whole file. Move-only; unmaps on destruction.
+// A whole file, read-only in memory. Move-only; unmaps on destruction. Two ways in:
+//  - mmap (default): the kernel's page cache, mapped; pages are faulted in on first touch (4 KiB
+//    each, 64 KiB with fault-around), shared with other processes and evictable;
+//  - ram: the file read once into anonymous memory asked to use transparent huge pages (2 MiB
+//    pages: no faults after loading, far fewer TLB misses when experts are read at random).
+//    Costs a full read at load.
 #pragma once
 
 #include <cstddef>
@@ -19,8 +24,10 @@ class MappedFile {
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
 
-  // Maps `path` read-only. An empty file maps to an empty span.
-  static Result<MappedFile> open(const std::string& path);
+  enum class Mode { mmap, ram };
+  // Maps (or reads) `path`. An empty file maps to an empty span. A failed or short read is an
+  // error naming the file and the offset, never zeros.
+  static Result<MappedFile> open(const std::string& path, Mode mode = Mode::mmap);
 
   std::span<const uint8_t> bytes() const { return {data_, size_}; }
   size_t size() const { return size_; }
@@ -29,6 +36,7 @@ class MappedFile {
  private:
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  size_t mapped_ = 0;  // bytes of the mapping (ram mode rounds up to 2 MiB)
   std::string path_;
 };
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <random>
 
@@ -28,14 +29,19 @@ double seconds_since(Clock::time_point t0) {
 
 struct CommonOptions {
   std::string model = STRATA_DEFAULT_MODEL;
-  int threads = 0;  // 0: OpenMP's default (all cores)
+  int threads = 0;  // 0: one per physical core
   int ctx = 0;      // 0: the model's training context
+  MappedFile::Mode load = MappedFile::Mode::mmap;
 };
 
 void add_common(CLI::App* sub, CommonOptions& o) {
   sub->add_option("-m,--model", o.model, "GGUF model (default: the bundled tiny qwen3moe)");
   sub->add_option("-t,--threads", o.threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
   sub->add_option("-c,--ctx", o.ctx, "context length cap (default: the model's)")->check(CLI::PositiveNumber);
+  sub->add_option("--load", o.load,
+                  "how weights come into memory: mmap (page cache, default) or ram (read into huge pages)")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, MappedFile::Mode>{{"mmap", MappedFile::Mode::mmap}, {"ram", MappedFile::Mode::ram}}));
 }
 
 struct Loaded {
@@ -46,7 +52,7 @@ struct Loaded {
 Result<Loaded> load(const CommonOptions& o, const char* cmd) {
   if (o.threads > 0) cpu::set_compute_threads(o.threads);
   const auto t0 = Clock::now();
-  auto m = Model::load(o.model);
+  auto m = Model::load(o.model, o.load);
   if (!m) return m.error();
   auto s = summarize_model((*m)->file());
   if (!s) return s.error();

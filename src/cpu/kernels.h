@@ -11,9 +11,10 @@
 // bit-identical to the reference for finite input. Where an ISA has no variant of a kernel the
 // entry is the reference itself, so every supported type has an entry in every table.
 //
-// Layout: the variants live in src/cpu/avx2 and src/cpu/avx512, one translation unit per ISA
-// family compiled with that ISA's flags; nothing else in strata is compiled with them, and no
-// intrinsic appears outside those directories.
+// Layout: the variants live in src/cpu/avx2 and src/cpu/avx512, translation units compiled with
+// that ISA family's flags (src/cpu/avx512/vbmi: the few that also need AVX-512 VBMI, registered
+// only after a run-time check); nothing else in strata is compiled with them, and no intrinsic
+// appears outside those directories.
 #pragma once
 
 #include <array>
@@ -88,6 +89,13 @@ namespace detail {
 // entries, indexed by type id, so that those translation units instantiate no shared template.
 void add_avx2_kernels(VecDotFn* vec_dot, QuantizeRowFn* quantize_row);
 void add_avx512_kernels(VecDotFn* vec_dot, QuantizeRowFn* quantize_row);
+// The F16 / BF16 weight dot products (vec_dot_float_avx2.cpp, vec_dot_float_avx512.cpp), added
+// by add_avx2_kernels / add_avx512_kernels.
+void add_avx2_float_kernels(VecDotFn* vec_dot);
+void add_avx512_float_kernels(VecDotFn* vec_dot);
+// The MXFP4 / Q4_0 / IQ4_NL dot products that also need AVX-512 VBMI (avx512/vbmi/), added by
+// add_avx512_kernels when the CPU has it.
+void add_avx512_vbmi_kernels(VecDotFn* vec_dot);
 // The tile kernels of each ISA (src/cpu/avx2/gemm_avx2.cpp, src/cpu/avx512/gemm_avx512.cpp).
 void add_avx2_gemm(GemmFn* gemm);
 void add_avx512_gemm(GemmFn* gemm);

@@ -114,6 +114,11 @@ void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* 
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * (weight ? weight[i] : 1.0f);
 }
 
+float dot_f32(const float* a, const float* b, int64_t n) {
+  static const VecDotFn f32_dot = cpu_kernels().dot(GgmlType::f32);
+  return f32_dot(n, a, b);
+}
+
 void add(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }

@@ -65,6 +65,9 @@ void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* 
 // y += x
 void add(float* y, const float* x, int64_t n);
 
+// sum_i a[i] b[i], with the start-up ISA's f32 kernel (attention scores).
+float dot_f32(const float* a, const float* b, int64_t n);
+
 // Softmax of x[0..n) in place.
 void softmax(float* x, int64_t n);
 

@@ -42,9 +42,7 @@ void mla_attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeig
       const float* qpe = q + t * H * QK + h * QK + NOPE;
       for (int64_t j = 0; j <= pos; ++j) {
         const float* row = cache.k_row(il, j);  // [c (R) | k_pe (ROPE)]
-        float s = 0, s_pe = 0;
-        for (int64_t i = 0; i < R; ++i) s += qct[i] * row[i];
-        for (int64_t i = 0; i < ROPE; ++i) s_pe += qpe[i] * row[R + i];
+        const float s = cpu::dot_f32(qct, row, R), s_pe = cpu::dot_f32(qpe, row + R, ROPE);
         score[size_t(j)] = (s + s_pe) * hp.attn_scale;
       }
       cpu::softmax(score.data(), pos + 1);

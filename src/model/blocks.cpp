@@ -328,9 +328,7 @@ void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const fl
     const float* qh = q + (t * p.n_head + h) * p.head_dim_k;
     for (int64_t j = j0; j <= pos; ++j) {
       const float* kj = cache.k_row(layer, j) + hk * p.head_dim_k;
-      float s = 0;
-      for (int d = 0; d < p.head_dim_k; ++d) s += qh[d] * kj[d];
-      score[size_t(j - j0)] = s * p.scale;
+      score[size_t(j - j0)] = cpu::dot_f32(qh, kj, p.head_dim_k) * p.scale;
     }
     if (p.sinks) softmax_with_sink(score.data(), pos + 1 - j0, p.sinks[h]);
     else cpu::softmax(score.data(), pos + 1 - j0);

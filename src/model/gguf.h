@@ -123,7 +123,7 @@ struct GgufTensorInfo {
 class GgufFile {
  public:
   // Maps and validates `path`.
-  static Result<GgufFile> open(const std::string& path);
+  static Result<GgufFile> open(const std::string& path, MappedFile::Mode mode = MappedFile::Mode::mmap);
   // Validates bytes held by the caller, who keeps them alive as long as the GgufFile. `name` is
   // used in messages.
   static Result<GgufFile> parse(std::span<const uint8_t> bytes, std::string name = "<memory>");

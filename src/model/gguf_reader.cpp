@@ -167,8 +167,8 @@ Result<GgufValue> read_value(Cursor& c, GgufType type, const std::string& what, 
 
 }  // namespace
 
-Result<GgufFile> GgufFile::open(const std::string& path) {
-  auto map = MappedFile::open(path);
+Result<GgufFile> GgufFile::open(const std::string& path, MappedFile::Mode mode) {
+  auto map = MappedFile::open(path, mode);
   if (!map) return map.error();
   auto shared = std::make_shared<MappedFile>(std::move(*map));
   auto f = parse(shared->bytes(), path);

@@ -244,8 +244,8 @@ Result<HParams> read_hparams(const GgufFile& f) {
 
 }  // namespace
 
-Result<std::unique_ptr<Model>> Model::load(const std::string& path) {
-  auto f = GgufFile::open(path);
+Result<std::unique_ptr<Model>> Model::load(const std::string& path, MappedFile::Mode mode) {
+  auto f = GgufFile::open(path, mode);
   if (!f) return f.error();
   return load(std::move(*f));
 }

@@ -101,7 +101,8 @@ struct LayerWeights {
 
 class Model {
  public:
-  static Result<std::unique_ptr<Model>> load(const std::string& path);
+  static Result<std::unique_ptr<Model>> load(const std::string& path,
+                                             MappedFile::Mode mode = MappedFile::Mode::mmap);
   static Result<std::unique_ptr<Model>> load(GgufFile file);
 
   const HParams& hparams() const { return hp_; }

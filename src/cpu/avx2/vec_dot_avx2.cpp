@@ -426,6 +426,7 @@ void quantize_row_q8_0(const float* x, void* vy, int64_t n) {
 namespace detail {
 
 void add_avx2_kernels(VecDotFn* vec_dot, QuantizeRowFn* quantize_row) {
+  add_avx2_float_kernels(vec_dot);
   vec_dot[size_t(GgmlType::q4_0)] = vec_dot_4bit<Q4_0>;
   vec_dot[size_t(GgmlType::q5_0)] = vec_dot_4bit<Q5_0>;
   vec_dot[size_t(GgmlType::q8_0)] = vec_dot_q8_0_q8_0;

@@ -14,6 +14,9 @@
 //    the int16 sub-block scales and accumulated in int32 by vpdpwssd; one float FMA per
 //    super-block.
 //
+// Where the CPU also has VBMI, vbmi/vec_dot_vbmi.cpp replaces the MXFP4, Q4_0 and IQ4_NL variants
+// (fewer instructions per block); these remain for AVX-512 CPUs without it (Cascade Lake).
+//
 // Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mfma -mf16c; called only
 // when the CPU has them. No inline function or template of the shared headers is used here (see
 // ../avx2/simd_common.h).
@@ -319,6 +322,7 @@ float vec_dot_q6_K_q8_K(int64_t n, const void* vw, const void* va) {
 namespace detail {
 
 void add_avx512_kernels(VecDotFn* vec_dot, QuantizeRowFn* /*quantize_row*/) {
+  add_avx512_float_kernels(vec_dot);
   vec_dot[size_t(GgmlType::q4_0)] = vec_dot_32<Q4_0>;
   vec_dot[size_t(GgmlType::q5_0)] = vec_dot_32<Q5_0>;
   vec_dot[size_t(GgmlType::q8_0)] = vec_dot_32<Q8_0>;
@@ -327,6 +331,8 @@ void add_avx512_kernels(VecDotFn* vec_dot, QuantizeRowFn* /*quantize_row*/) {
   vec_dot[size_t(GgmlType::q4_k)] = vec_dot_q4_K_q8_K;
   vec_dot[size_t(GgmlType::q5_k)] = vec_dot_q5_K_q8_K;
   vec_dot[size_t(GgmlType::q6_k)] = vec_dot_q6_K_q8_K;
+  // faster MXFP4 / Q4_0 / IQ4_NL where the CPU also has VBMI (vbmi/vec_dot_vbmi.cpp)
+  if (__builtin_cpu_supports("avx512vbmi")) add_avx512_vbmi_kernels(vec_dot);
 }
 
 }  // namespace detail
