@@ -42,21 +42,29 @@ namespace {
 
 // ---- the fused expert FFN of one MoE layer ----
 
-void BM_expert_ffn(benchmark::State& state, GgmlType type) {
+void BM_expert_ffn(benchmark::State& state, GgmlType type, int n_layers) {
   constexpr int64_t kEmbd = 2048, kFf = 768, kExperts = 128, kUsed = 8;
-  // three stacks of 128 experts: 3 x 128 x 0.9 MB at Q4_K (340 MB), far beyond any L3
-  static std::unique_ptr<RandomWeights> gate, up, down;
+  // per layer three stacks of 128 experts: 3 x 128 x 0.9 MB at Q4_K (340 MB), far beyond any L3;
+  // several layers, taken in turn, spread the reads over gigabytes as a whole model does
+  struct Layer {
+    std::unique_ptr<RandomWeights> gate, up, down;
+  };
+  static std::vector<Layer> layers;
   static GgmlType built = GgmlType::f32;
-  if (!gate || built != type) {
-    gate = std::make_unique<RandomWeights>(type, kEmbd, kFf, kExperts, 1);
-    up = std::make_unique<RandomWeights>(type, kEmbd, kFf, kExperts, 2);
-    down = std::make_unique<RandomWeights>(type, kFf, kEmbd, kExperts, 3);
+  if (built != type || int(layers.size()) != n_layers) {
+    layers.clear();
+    for (int i = 0; i < n_layers; ++i)
+      layers.push_back({std::make_unique<RandomWeights>(type, kEmbd, kFf, kExperts, 3 * i + 1),
+                        std::make_unique<RandomWeights>(type, kEmbd, kFf, kExperts, 3 * i + 2),
+                        std::make_unique<RandomWeights>(type, kFf, kEmbd, kExperts, 3 * i + 3)});
     built = type;
   }
-  LayerWeights l;
-  l.gate_exps = gate->stack();
-  l.up_exps = up->stack();
-  l.down_exps = down->stack();
+  std::vector<LayerWeights> lw(layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    lw[i].gate_exps = layers[i].gate->stack();
+    lw[i].up_exps = layers[i].up->stack();
+    lw[i].down_exps = layers[i].down->stack();
+  }
   const cpu::CpuBackend be(cpu::MatmulPath::quantized);
   const std::vector<float> h = activations(kEmbd, 7);
   std::vector<float> out(static_cast<size_t>(kEmbd));
@@ -65,8 +73,9 @@ void BM_expert_ffn(benchmark::State& state, GgmlType type) {
   r.k = int(kUsed);
   r.ids.resize(kUsed);
   r.weights.assign(kUsed, 1.0f / kUsed);
-  const size_t bytes_per_iter = size_t(kUsed) * (2 * l.gate_exps.mat_bytes() + l.down_exps.mat_bytes());
+  const size_t bytes_per_iter = size_t(kUsed) * (2 * lw[0].gate_exps.mat_bytes() + lw[0].down_exps.mat_bytes());
   const double dram = dram_gbps();
+  size_t next_layer = 0;
   const double t0 = now_seconds();
   for (auto _ : state) {
     // 8 distinct experts (a partial Fisher-Yates over 128 ids)
@@ -76,7 +85,8 @@ void BM_expert_ffn(benchmark::State& state, GgmlType type) {
       std::swap(ids[size_t(j)], ids[size_t(j + int(rng() % uint32_t(kExperts - j)))]);
       r.ids[size_t(j)] = ids[size_t(j)];
     }
-    moe_ffn(be, l, r, h.data(), 1, kEmbd, out.data());
+    moe_ffn(be, lw[next_layer], r, h.data(), 1, kEmbd, out.data());
+    next_layer = (next_layer + 1) % lw.size();
     benchmark::DoNotOptimize(out.data());
   }
   set_bandwidth_counters(state, bytes_per_iter, now_seconds() - t0, dram);
@@ -160,8 +170,11 @@ void BM_onednn_matmul(benchmark::State& state, dnnl::memory::data_type dt, int64
 const int kRegistered = [] {
   for (GgmlType type : {GgmlType::q4_k, GgmlType::q6_k, GgmlType::q8_0, GgmlType::mxfp4}) {
     const std::string tname(quant_traits(type).name);
-    benchmark::RegisterBenchmark(("BM_expert_ffn/" + tname).c_str(), BM_expert_ffn, type)
+    benchmark::RegisterBenchmark(("BM_expert_ffn/" + tname).c_str(), BM_expert_ffn, type, 1)
         ->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(1.0);
+    if (type == GgmlType::q4_k)  // 16 layers: 5.4 GB, the reads spread as a whole model's are
+      benchmark::RegisterBenchmark(("BM_expert_ffn/" + tname + "/16_layers").c_str(), BM_expert_ffn, type, 16)
+          ->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(3.0);
   }
   for (GgmlType type : {GgmlType::q4_k, GgmlType::q6_k, GgmlType::q8_0, GgmlType::mxfp4, GgmlType::q4_0,
                         GgmlType::q5_k, GgmlType::bf16, GgmlType::f16}) {

@@ -8,6 +8,7 @@
 #include <memory>
 #include <random>
 
+#include "base/profiler.h"
 #include "cli/commands.h"
 #include "cpu/calibrate.h"
 #include "cpu/kernels.h"
@@ -134,7 +135,28 @@ struct BenchOptions {
   int n_prompt = 128;
   int n_gen = 32;
   int reps = 1;
+  bool profile = false;
 };
+
+// The time of the last test by part of the forward pass (prof::Span), per token.
+void print_profile(int n_tokens) {
+  int64_t total = 0;
+  for (size_t p = 0; p < size_t(prof::Part::count); ++p)
+    if (!prof::nested(prof::Part(p))) total += prof::g_totals.ns[p].load();
+  if (total == 0) return;
+  std::string line = "           ";
+  for (size_t p = 0; p < size_t(prof::Part::count); ++p) {
+    const int64_t ns = prof::g_totals.ns[p].load();
+    if (ns == 0) continue;
+    const bool in = prof::nested(prof::Part(p));
+    if (in) line.resize(line.size() - 2);  // "attention X ms (N%) (of which ... Y ms)": one field
+    line += strfmt(" %s %.2f ms%s |", std::string(prof::kPartNames[p]).c_str(), double(ns) / 1e6 / n_tokens,
+                   in ? ")" : strfmt(" (%.0f%%)", 100.0 * double(ns) / double(total)).c_str());
+  }
+  line.pop_back();
+  std::printf("%s per token\n", line.c_str());
+  prof::reset();
+}
 
 int run_bench(const BenchOptions& o) {
   auto loaded = load(o.common, "strata bench");
@@ -147,11 +169,12 @@ int run_bench(const BenchOptions& o) {
   std::mt19937 rng(1234);
   std::vector<int32_t> prompt(size_t(o.n_prompt));
   for (auto& id : prompt) id = int32_t(rng() % uint32_t(V));
-  // The machine's limits, measured now (they drift on shared machines): decode is held to the DRAM
-  // roofline, prefill to the int8 dot-product peak.
+  // The machine's limits: decode is held to the DRAM roofline, prefill to the int8 dot-product
+  // peak. Shared (virtual) machines drift by tens of percent within minutes, so each test is
+  // compared with a probe taken just before it.
   cpu::ThreadPool& pool = cpu::compute_pool();
-  const double dram_gbps = cpu::measure_read_gbps(pool);
-  const double peak_gops = cpu::measure_int8_peak_gops(pool);
+  double dram_gbps = cpu::measure_read_gbps(pool);
+  double peak_gops = cpu::measure_int8_peak_gops(pool);
   const ModelSummary& sm = loaded->summary;
   const double roofline_tps = dram_gbps * 1e9 / double(sm.active_bytes_per_token);
   std::printf("machine: %d threads, DRAM read %.1f GB/s, int8 peak %.0f GOP/s (%s)\n", pool.size(),
@@ -168,7 +191,10 @@ int run_bench(const BenchOptions& o) {
       return 1;
     }
     Session s(m, int(need));
+    prof::enable(o.profile);
     if (o.n_prompt > 0) {
+      if (rep > 0) peak_gops = cpu::measure_int8_peak_gops(pool);
+      prof::reset();
       const auto t0 = Clock::now();
       auto l = s.eval(prompt);
       if (!l) {
@@ -179,11 +205,14 @@ int run_bench(const BenchOptions& o) {
       // 2 ops per weight per token; the output head runs for the last token only
       const double params = double(sm.active_params_per_token - sm.roles[int(TensorRole::output)].n_params);
       const double gops = (2.0 * params * o.n_prompt + 2.0 * double(sm.roles[int(TensorRole::output)].n_params)) / t / 1e9;
-      std::printf("%-10s %7d %8.2f %9.2f %.0f GOP/s = %.2f of int8 peak\n", strfmt("pp%d", o.n_prompt).c_str(),
-                  o.n_prompt, t, o.n_prompt / t, gops, peak_gops > 0 ? gops / peak_gops : 0.0);
+      std::printf("%-10s %7d %8.2f %9.2f %.0f GOP/s = %.2f of int8 peak (%.0f)\n", strfmt("pp%d", o.n_prompt).c_str(),
+                  o.n_prompt, t, o.n_prompt / t, gops, peak_gops > 0 ? gops / peak_gops : 0.0, peak_gops);
+      if (o.profile) print_profile(o.n_prompt);
     }
     if (o.n_gen > 0) {
       int32_t next = prompt.empty() ? 0 : prompt.back();
+      if (rep > 0 || o.n_prompt > 0) dram_gbps = cpu::measure_read_gbps(pool);
+      prof::reset();
       const auto t0 = Clock::now();
       for (int i = 0; i < o.n_gen; ++i) {
         auto l = s.eval(std::span<const int32_t>(&next, 1));
@@ -196,8 +225,9 @@ int run_bench(const BenchOptions& o) {
       const double t = seconds_since(t0);
       // what a decode step must read, per second: the weight-bandwidth a decoder achieves
       const double gbs = double(sm.active_bytes_per_token) * o.n_gen / t / 1e9;
-      std::printf("%-10s %7d %8.2f %9.2f %.1f GB/s = %.2f of roofline\n", strfmt("tg%d", o.n_gen).c_str(),
-                  o.n_gen, t, o.n_gen / t, gbs, gbs / dram_gbps);
+      std::printf("%-10s %7d %8.2f %9.2f %.1f GB/s = %.2f of roofline (DRAM %.1f GB/s)\n",
+                  strfmt("tg%d", o.n_gen).c_str(), o.n_gen, t, o.n_gen / t, gbs, gbs / dram_gbps, dram_gbps);
+      if (o.profile) print_profile(o.n_gen);
     }
   }
   return 0;
@@ -231,6 +261,7 @@ Runner add_bench_command(CLI::App& app) {
   sub->add_option("-p,--n-prompt", o->n_prompt, "prompt tokens, prefilled in one batch")->check(CLI::NonNegativeNumber);
   sub->add_option("-n,--n-gen", o->n_gen, "decoded tokens")->check(CLI::NonNegativeNumber);
   sub->add_option("-r,--reps", o->reps, "repetitions")->check(CLI::PositiveNumber);
+  sub->add_flag("--profile", o->profile, "print each test's time per token by part of the layer");
   return [o] { return run_bench(*o); };
 }
 

@@ -18,6 +18,7 @@ KernelTable reference_table() {
   }
   for (GgmlType a : {GgmlType::q8_0, GgmlType::q8_1, GgmlType::q8_k})
     t.quantize_row[size_t(a)] = quant_traits(a).from_float;
+  t.sgemm = detail::sgemm_ref;
   return t;
 }
 
@@ -29,16 +30,28 @@ KernelTable build_table(CpuIsa isa) {
   if (isa >= CpuIsa::avx2) {
     detail::add_avx2_kernels(t.vec_dot.data(), t.quantize_row.data());
     detail::add_avx2_gemm(t.gemm.data());
+    t.sgemm = detail::sgemm_avx2;
   }
   if (isa >= CpuIsa::avx512) {
     detail::add_avx512_kernels(t.vec_dot.data(), t.quantize_row.data());
     detail::add_avx512_gemm(t.gemm.data());
+    t.sgemm = detail::sgemm_avx512;
   }
 #endif
   return t;
 }
 
 }  // namespace
+
+void detail::sgemm_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                       int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = accumulate ? double(C[m * ldc + n]) : 0.0;
+      for (int64_t k = 0; k < K; ++k) s += double(A[m * lda + k]) * double(B[k * ldb + n]);
+      C[m * ldc + n] = float(s);
+    }
+}
 
 void KernelTable::gemm_tile(GgmlType weight, int64_t n, const void* w, size_t w_stride,
                             int64_t n_rows, const void* a, size_t a_stride, int64_t n_tok, float* y,

@@ -43,6 +43,12 @@ inline constexpr size_t kKernelTypeCount = 40;  // ggml type ids 0..39 (mxfp4 = 
 using GemmFn = void (*)(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a,
                         size_t a_stride, int64_t n_tok, float* y, int64_t ldy);
 
+// Float matrix product: C[m * ldc + n] (+)= sum_k A[m * lda + k] * B[k * ldb + n] for m < M,
+// n < N (accumulate: add to C; else overwrite it). Row-major A [M][K], B [K][N], C [M][N]; any
+// sizes >= 0. Attention's two products (scores = Q K^T with K transposed, out = P V) use it.
+using SgemmFn = void (*)(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                         int64_t ldb, float* C, int64_t ldc, bool accumulate);
+
 struct KernelTable {
   CpuIsa isa = CpuIsa::scalar;
   // vec_dot[weight type](n, w, a): one weight row . one activation row in the weight type's
@@ -54,6 +60,7 @@ struct KernelTable {
   // gemm[weight type]: the tile kernel; null where the ISA has none, and then gemm_tile() loops
   // over vec_dot.
   std::array<GemmFn, kKernelTypeCount> gemm{};
+  SgemmFn sgemm = nullptr;  // never null
 
   VecDotFn dot(GgmlType weight) const { return vec_dot[size_t(weight)]; }
   // One tile of y = W a (GemmFn's contract) with the best kernel this table has for the type.
@@ -99,6 +106,13 @@ void add_avx512_vbmi_kernels(VecDotFn* vec_dot);
 // The tile kernels of each ISA (src/cpu/avx2/gemm_avx2.cpp, src/cpu/avx512/gemm_avx512.cpp).
 void add_avx2_gemm(GemmFn* gemm);
 void add_avx512_gemm(GemmFn* gemm);
+// The float matrix products (sgemm_avx2.cpp, sgemm_avx512.cpp) and the scalar reference.
+void sgemm_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
+                float* C, int64_t ldc, bool accumulate);
+void sgemm_avx512(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                  int64_t ldb, float* C, int64_t ldc, bool accumulate);
+void sgemm_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
+               float* C, int64_t ldc, bool accumulate);
 }  // namespace detail
 
 }  // namespace strata::cpu

@@ -92,11 +92,18 @@ void CpuBackend::matmul(const Weight& w, const float* x, int64_t n_tok, float* y
   thread_local std::vector<uint8_t> buf;
   const ActRows a = prepare(w.type, x, n_tok, w.n_in, buf);
   ThreadPool& pool = compute_pool();
-  const int64_t chunk = rows_per_task(w.n_out, pool.size());
-  const int64_t n_tasks = (w.n_out + chunk - 1) / chunk;
-  pool.run(n_tasks, [&](int64_t task, int) {
-    const int64_t r0 = task * chunk, r1 = std::min(w.n_out, r0 + chunk);
-    tile(w, r0, r1, a, y + r0, w.n_out);
+  // Few tokens: the weights are the traffic; long row chunks. Many: tiles of kTileRows rows by
+  // kTileTokens tokens, whose weights and activations both stay in L2 while the tile kernel
+  // reuses them.
+  const bool tiled = n_tok >= kTileMinTokens;
+  const int64_t chunk = tiled ? kTileRows : rows_per_task(w.n_out, pool.size());
+  const int64_t tok_chunk = tiled ? kTileTokens : n_tok;
+  const int64_t n_row_chunks = (w.n_out + chunk - 1) / chunk;
+  const int64_t n_tok_chunks = (n_tok + tok_chunk - 1) / tok_chunk;
+  pool.run(n_row_chunks * n_tok_chunks, [&](int64_t task, int) {
+    const int64_t r0 = (task % n_row_chunks) * chunk, r1 = std::min(w.n_out, r0 + chunk);
+    const int64_t t0 = (task / n_row_chunks) * tok_chunk, t1 = std::min(n_tok, t0 + tok_chunk);
+    tile(w, r0, r1, ActRows{a.row(t0), a.row_bytes, t1 - t0}, y + t0 * w.n_out + r0, w.n_out);
   });
 }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "base/profiler.h"
 #include "model/blocks.h"
 #include "model/forward.h"
 
@@ -21,15 +22,26 @@ void forward_gqa_moe(const Model& m, const cpu::CpuBackend& be, KvCache& cache, 
     const LayerWeights& l = m.layers[size_t(il)];
 
     // attention
-    rms_norm_rows(x.data(), l.attn_norm, n_tok, E, hp.eps, h.data());
-    gqa_attention(be, hp, l, cache, il, h.data(), n_tok, pos0, y.data());
-    cpu::add(x.data(), y.data(), n_tok * E);  // residual
+    {
+      prof::Span span(prof::Part::attention);
+      rms_norm_rows(x.data(), l.attn_norm, n_tok, E, hp.eps, h.data());
+      gqa_attention(be, hp, l, cache, il, h.data(), n_tok, pos0, y.data());
+      cpu::add(x.data(), y.data(), n_tok * E);  // residual
+    }
 
     // routed experts (+ shared expert)
-    rms_norm_rows(x.data(), l.ffn_norm, n_tok, E, hp.eps, h.data());
-    const Routing routing = route(be, hp, l, h.data(), n_tok);
-    moe_ffn(be, l, routing, h.data(), n_tok, E, y.data());
+    Routing routing;
+    {
+      prof::Span span(prof::Part::router);
+      rms_norm_rows(x.data(), l.ffn_norm, n_tok, E, hp.eps, h.data());
+      routing = route(be, hp, l, h.data(), n_tok);
+    }
+    {
+      prof::Span span(prof::Part::experts);
+      moe_ffn(be, l, routing, h.data(), n_tok, E, y.data());
+    }
     if (l.gate_shexp) {
+      prof::Span span(prof::Part::shared_ffn);
       std::vector<float> gate(size_t(n_tok), 1.0f);
       if (l.gate_inp_shexp) {
         for (int64_t t = 0; t < n_tok; ++t) {
@@ -42,6 +54,7 @@ void forward_gqa_moe(const Model& m, const cpu::CpuBackend& be, KvCache& cache, 
     }
     cpu::add(x.data(), y.data(), n_tok * E);  // residual
   }
+  prof::Span span(prof::Part::output);
   output_head(m, be, x.data(), n_tok, all_logits, logits);
 }
 

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <numeric>
 
+#include "base/profiler.h"
+#include "cpu/kernels.h"
 #include "cpu/quant_traits.h"
 #include "cpu/thread_pool.h"
 
@@ -120,22 +122,30 @@ void glu(const GluParams& p, float* g, const float* u, int64_t n) {
   }
 }
 
-// A task: rows [r0, r1) of one FFN's matrix.
+// A task: rows [r0, r1) of one FFN's matrix for its tokens [t0, t1) (indices into its token list).
 struct RowTask {
   int32_t ffn;
-  int64_t r0, r1;
+  int64_t r0, r1, t0, t1;
 };
 
 // Cuts rows [0, n_rows) of every FFN into tasks, about four per thread over the whole batch (so
-// that one expert with many tokens and seven with one stay balanced), in multiples of 16 rows.
+// that one expert with many tokens and seven with one stay balanced), in multiples of 16 rows; an
+// FFN with many tokens is cut into L2-sized tiles of rows by tokens (CpuBackend::kTile*).
 std::vector<RowTask> row_tasks(const std::vector<FfnWork>& ffns, int64_t n_rows, int n_threads) {
+  using cpu::CpuBackend;
   const int64_t total = n_rows * int64_t(ffns.size());
   int64_t chunk = std::max<int64_t>(16, total / (4 * int64_t(n_threads)) / 16 * 16);
   chunk = std::min(chunk, (n_rows + 15) / 16 * 16);
   std::vector<RowTask> tasks;
-  for (size_t e = 0; e < ffns.size(); ++e)
-    for (int64_t r0 = 0; r0 < n_rows; r0 += chunk)
-      tasks.push_back({int32_t(e), r0, std::min(n_rows, r0 + chunk)});
+  for (size_t e = 0; e < ffns.size(); ++e) {
+    const int64_t n_tok = int64_t(ffns[e].tokens.size());
+    const bool tiled = n_tok >= CpuBackend::kTileMinTokens;
+    const int64_t rows = tiled ? CpuBackend::kTileRows : chunk;
+    const int64_t toks = tiled ? CpuBackend::kTileTokens : n_tok;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += toks)
+      for (int64_t r0 = 0; r0 < n_rows; r0 += rows)
+        tasks.push_back({int32_t(e), r0, std::min(n_rows, r0 + rows), t0, std::min(n_tok, t0 + toks)});
+  }
   return tasks;
 }
 
@@ -189,30 +199,29 @@ void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const
       std::memcpy(&xg[(first[e] + i) * hg.row_bytes], hg.row(t), hg.row_bytes);
       if (!same_act) std::memcpy(&xu[(first[e] + i) * hu.row_bytes], hu.row(t), hu.row_bytes);
     }
-  auto rows_of = [&](const std::vector<uint8_t>& buf, size_t row_bytes, size_t e) {
-    return cpu::ActRows{buf.data() + first[e] * row_bytes, row_bytes, int64_t(ffns[e].tokens.size())};
-  };
 
   // gate, up, GLU
   const std::vector<RowTask> up_tasks = row_tasks(ffns, F, pool.size());
   pool.run(int64_t(up_tasks.size()), [&](int64_t i, int) {
     const RowTask& task = up_tasks[size_t(i)];
     const FfnWork& f = ffns[size_t(task.ffn)];
-    const cpu::ActRows xe = rows_of(xg, hg.row_bytes, size_t(task.ffn));
-    const cpu::ActRows xue = same_act ? xe : rows_of(xu, hu.row_bytes, size_t(task.ffn));
+    const size_t row0 = first[size_t(task.ffn)] + size_t(task.t0);  // batch row of token t0
+    const int64_t n = task.t1 - task.t0;
+    const cpu::ActRows xe{xg.data() + row0 * hg.row_bytes, hg.row_bytes, n};
+    const cpu::ActRows xue = same_act ? xe : cpu::ActRows{xu.data() + row0 * hu.row_bytes, hu.row_bytes, n};
     const int64_t w = task.r1 - task.r0;
     thread_local std::vector<float> g, u;
-    g.resize(size_t(xe.n_tok * w));
-    u.resize(size_t(xe.n_tok * w));
+    g.resize(size_t(n * w));
+    u.resize(size_t(n * w));
     be.tile(f.gate, task.r0, task.r1, xe, g.data(), w);
     be.tile(f.up, task.r0, task.r1, xue, u.data(), w);
-    for (int64_t t = 0; t < xe.n_tok; ++t) {
+    for (int64_t t = 0; t < n; ++t) {
       float* gt = &g[size_t(t * w)];
       float* ut = &u[size_t(t * w)];
       if (f.gate_b) cpu::add(gt, f.gate_b + task.r0, w);
       if (f.up_b) cpu::add(ut, f.up_b + task.r0, w);
       glu(glu_p, gt, ut, w);
-      std::copy_n(gt, w, &act[(first[size_t(task.ffn)] + size_t(t)) * size_t(F) + size_t(task.r0)]);
+      std::copy_n(gt, w, &act[(row0 + size_t(t)) * size_t(F) + size_t(task.r0)]);
     }
   });
 
@@ -228,8 +237,8 @@ void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const
   pool.run(int64_t(down_tasks.size()), [&](int64_t i, int) {
     const RowTask& task = down_tasks[size_t(i)];
     const FfnWork& f = ffns[size_t(task.ffn)];
-    const size_t row0 = first[size_t(task.ffn)];
-    const cpu::ActRows ae = rows_of(ya, ya_row, size_t(task.ffn));
+    const size_t row0 = first[size_t(task.ffn)] + size_t(task.t0);
+    const cpu::ActRows ae{ya.data() + row0 * ya_row, ya_row, task.t1 - task.t0};
     float* ye = &y[row0 * size_t(E) + size_t(task.r0)];
     be.tile(f.down, task.r0, task.r1, ae, ye, E);
     if (f.down_b)
@@ -316,29 +325,62 @@ void moe_ffn(const cpu::CpuBackend& be, const LayerWeights& l, const Routing& r,
 void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const float* q,
                    int64_t n_tok, int64_t pos0, float* out) {
   const int group = p.n_head / p.n_head_kv;
-  const int64_t n_kv = pos0 + n_tok;
-  cpu::compute_pool().run(n_tok * p.n_head, [&](int64_t task, int) {
-    thread_local std::vector<float> score;
-    score.resize(size_t(n_kv));
-    const int64_t t = task / p.n_head;
-    const int h = int(task % p.n_head);
-    const int64_t pos = pos0 + t;
-    const int64_t j0 = p.n_swa > 0 ? std::max<int64_t>(0, pos - p.n_swa + 1) : 0;  // first key
-    const int hk = h / group;
-    const float* qh = q + (t * p.n_head + h) * p.head_dim_k;
-    for (int64_t j = j0; j <= pos; ++j) {
-      const float* kj = cache.k_row(layer, j) + hk * p.head_dim_k;
-      score[size_t(j - j0)] = cpu::dot_f32(qh, kj, p.head_dim_k) * p.scale;
+  const int64_t DK = p.head_dim_k, DV = p.head_dim_v;
+  // A task: one kv head and a block of query tokens; its queries are the `group` heads that share
+  // the kv head, for every token of the block: rows (token, head in group). Two float GEMMs:
+  // scores = Q K^T over the keys any of its tokens sees, then out = softmax(scores) V; keys a row
+  // must not see (the future, or outside its window) are masked before the softmax.
+  constexpr int64_t kTokBlock = 16;
+  const int64_t n_blocks = (n_tok + kTokBlock - 1) / kTokBlock;
+  const cpu::SgemmFn sgemm = cpu::cpu_kernels().sgemm;
+  cpu::compute_pool().run(n_blocks * p.n_head_kv, [&](int64_t task, int) {
+    const int hk = int(task % p.n_head_kv);
+    const int64_t t0 = (task / p.n_head_kv) * kTokBlock, t1 = std::min(n_tok, t0 + kTokBlock);
+    const int64_t rows = (t1 - t0) * group;
+    // keys: from the first one the block's first token sees to the last one its last token sees
+    const int64_t j_lo = p.n_swa > 0 ? std::max<int64_t>(0, pos0 + t0 - p.n_swa + 1) : 0;
+    const int64_t j_hi = pos0 + t1;  // exclusive
+    const int64_t nk = j_hi - j_lo;
+    thread_local std::vector<float> qb, kt, score, ob;
+    qb.resize(size_t(rows * DK));
+    if (rows >= 32) kt.resize(size_t(DK * nk));
+    score.resize(size_t(rows * nk));
+    ob.resize(size_t(rows * DV));
+    for (int64_t t = t0; t < t1; ++t)
+      for (int g = 0; g < group; ++g)
+        std::copy_n(q + (t * p.n_head + hk * group + g) * DK, DK, &qb[size_t(((t - t0) * group + g) * DK)]);
+    if (rows >= 32) {
+      // K^T [DK][nk], transposed in 16-key strips (each strip's rows stay in L1), then one GEMM
+      for (int64_t j0 = 0; j0 < nk; j0 += 16) {
+        const int64_t j1 = std::min(nk, j0 + 16);
+        for (int64_t d = 0; d < DK; ++d)
+          for (int64_t j = j0; j < j1; ++j) kt[size_t(d * nk + j)] = cache.k_row(layer, j_lo + j)[hk * DK + d];
+      }
+      sgemm(rows, nk, DK, qb.data(), DK, kt.data(), nk, score.data(), nk, false);
+    } else {
+      // few rows (decode): a dot product per (row, key) reads each key once per row, no transpose
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < nk; ++j)
+          score[size_t(r * nk + j)] = cpu::dot_f32(&qb[size_t(r * DK)], cache.k_row(layer, j_lo + j) + hk * DK, DK);
     }
-    if (p.sinks) softmax_with_sink(score.data(), pos + 1 - j0, p.sinks[h]);
-    else cpu::softmax(score.data(), pos + 1 - j0);
-    float* o = out + (t * p.n_head + h) * p.head_dim_v;
-    std::fill(o, o + p.head_dim_v, 0.0f);
-    for (int64_t j = j0; j <= pos; ++j) {
-      const float* vj = cache.v_row(layer, j) + hk * p.head_dim_v;
-      const float w = score[size_t(j - j0)];
-      for (int d = 0; d < p.head_dim_v; ++d) o[d] += w * vj[d];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t pos = pos0 + t;
+      const int64_t first = p.n_swa > 0 ? std::max<int64_t>(0, pos - p.n_swa + 1) : 0;
+      for (int g = 0; g < group; ++g) {
+        float* srow = &score[size_t(((t - t0) * group + g) * nk)];
+        for (int64_t j = 0; j < nk; ++j) {
+          const int64_t key = j_lo + j;
+          srow[j] = key < first || key > pos ? -INFINITY : srow[j] * p.scale;
+        }
+        if (p.sinks) softmax_with_sink(srow, nk, p.sinks[hk * group + g]);
+        else cpu::softmax(srow, nk);
+      }
     }
+    const int64_t v_stride = cache.v_width;
+    sgemm(rows, DV, nk, score.data(), nk, cache.v_row(layer, j_lo) + hk * DV, v_stride, ob.data(), DV, false);
+    for (int64_t t = t0; t < t1; ++t)
+      for (int g = 0; g < group; ++g)
+        std::copy_n(&ob[size_t(((t - t0) * group + g) * DV)], DV, out + (t * p.n_head + hk * group + g) * DV);
   });
 }
 
@@ -382,7 +424,10 @@ void gqa_attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeig
                            .scale = hp.attn_scale,
                            .n_swa = hp.window(il),
                            .sinks = f32(l.attn_sinks)};
-  attention_gqa(ap, cache, il, q.data(), n_tok, pos0, attn.data());
+  {
+    prof::Span span(prof::Part::attention_core);
+    attention_gqa(ap, cache, il, q.data(), n_tok, pos0, attn.data());
+  }
   be.matmul(l.wo, attn.data(), n_tok, y);
   add_bias(y, l.bo, n_tok, E);
 }
