@@ -580,5 +580,35 @@ TEST(SimdSgemm, MatchesReference) {
   }
 }
 
+// exp for softmax: every element within 4e-7 relative (a few float ulps) of std::exp, -inf gives
+// exactly 0, the sum within float rounding of n terms; inputs over the whole useful range.
+TEST(SimdExpSum, MatchesStdExp) {
+  SEED_TRACE();
+  Rng rng(5);
+  for (CpuIsa isa : kSimdIsas) {
+    if (!cpu::isa_supported(isa)) continue;
+    const cpu::ExpSumFn exp_sum = cpu::cpu_kernels(isa).exp_sum;
+    for (int64_t n : {1, 7, 16, 17, 100, 1000}) {
+      std::vector<float> x(static_cast<size_t>(n)), y(static_cast<size_t>(n));
+      for (float& v : x) v = rng.int_in(0, 9) == 0 ? -INFINITY : rng.uniform(-90.0f, 0.0f);
+      const float max = rng.uniform(-2.0f, 2.0f);
+      const float sum = exp_sum(x.data(), y.data(), n, max);
+      double ref_sum = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double ref = std::exp(double(x[size_t(i)] - max));  // the difference rounded to float, as kernels take it
+        ref_sum += ref;
+        if (std::isinf(x[size_t(i)])) {
+          ASSERT_EQ(y[size_t(i)], 0.0f) << cpu::isa_name(isa);
+          continue;
+        }
+        // below exp(-87.3) the kernels flush to 0 (softmax terms that small do not matter)
+        const double tol = 4e-7 * ref + (double(x[size_t(i)]) - max < -87.0 ? 1e-37 : 0.0);
+        ASSERT_NEAR(y[size_t(i)], ref, tol) << cpu::isa_name(isa) << " x=" << x[size_t(i)] - max;
+      }
+      EXPECT_NEAR(sum, ref_sum, 1e-6 * ref_sum + 1e-37) << cpu::isa_name(isa) << " n=" << n;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strata

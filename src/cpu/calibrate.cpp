@@ -29,6 +29,21 @@ uint64_t sum_range(const uint64_t* p, size_t n) {
   return s[0] ^ s[1] ^ s[2] ^ s[3] ^ s[4] ^ s[5] ^ s[6] ^ s[7];
 }
 
+// Runs fn(i) for i < pool.size() with each i on its own thread: a task waits until every task has
+// started, so no thread can take two (the pool hands tasks out dynamically, and a fast caller would
+// otherwise run all of them itself and the probe would measure one thread).
+template <class Fn>
+void on_every_thread(ThreadPool& pool, Fn&& fn) {
+  std::atomic<int> started{0};
+  const int n = pool.size();
+  pool.run(n, [&](int64_t i, int) {
+    started.fetch_add(1);
+    while (started.load() < n) {
+    }
+    fn(i);
+  });
+}
+
 }  // namespace
 
 double measure_read_gbps(ThreadPool& pool, size_t bytes, int passes) {
@@ -36,7 +51,7 @@ double measure_read_gbps(ThreadPool& pool, size_t bytes, int passes) {
   const size_t n = bytes / sizeof(uint64_t) / size_t(n_threads) / 64 * 64;  // per thread
   STRATA_CHECK(n > 0, "bandwidth probe buffer too small");
   std::vector<uint64_t*> parts(size_t(n_threads), nullptr);
-  pool.run(n_threads, [&](int64_t i, int) {
+  on_every_thread(pool, [&](int64_t i) {
     auto* p = static_cast<uint64_t*>(std::aligned_alloc(4096, n * sizeof(uint64_t)));
     STRATA_CHECK(p != nullptr, "out of memory for the bandwidth probe");
     for (size_t j = 0; j < n; ++j) p[j] = j * 0x9e3779b97f4a7c15ull;
@@ -46,9 +61,8 @@ double measure_read_gbps(ThreadPool& pool, size_t bytes, int passes) {
   double best = 0;
   for (int pass = 0; pass < passes; ++pass) {
     const auto t0 = Clock::now();
-    // one task per thread, each on its own part (tasks are taken dynamically, so a thread may
-    // take two parts; the time is still that of all bytes read once)
-    pool.run(n_threads, [&](int64_t i, int) { sink ^= sum_range(parts[size_t(i)], n); });
+    // every thread reads its own part (first-touched by it)
+    on_every_thread(pool, [&](int64_t i) { sink ^= sum_range(parts[size_t(i)], n); });
     best = std::max(best, double(n * sizeof(uint64_t) * size_t(n_threads)) / seconds_since(t0) / 1e9);
   }
   for (uint64_t* p : parts) std::free(p);
@@ -86,7 +100,7 @@ double measure_int8_peak_gops(ThreadPool& pool) {
   for (int rep = 0; rep < 3; ++rep) {
     std::atomic<double> macs{0};
     const auto t0 = Clock::now();
-    pool.run(pool.size(), [&](int64_t, int) {
+    on_every_thread(pool, [&](int64_t) {
       const double m = loop(iters);
       double cur = macs.load();
       while (!macs.compare_exchange_weak(cur, cur + m)) {

@@ -1,5 +1,6 @@
 #include "cpu/kernels.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -19,6 +20,7 @@ KernelTable reference_table() {
   for (GgmlType a : {GgmlType::q8_0, GgmlType::q8_1, GgmlType::q8_k})
     t.quantize_row[size_t(a)] = quant_traits(a).from_float;
   t.sgemm = detail::sgemm_ref;
+  t.exp_sum = detail::exp_sum_ref;
   return t;
 }
 
@@ -31,11 +33,13 @@ KernelTable build_table(CpuIsa isa) {
     detail::add_avx2_kernels(t.vec_dot.data(), t.quantize_row.data());
     detail::add_avx2_gemm(t.gemm.data());
     t.sgemm = detail::sgemm_avx2;
+    t.exp_sum = detail::exp_sum_avx2;
   }
   if (isa >= CpuIsa::avx512) {
     detail::add_avx512_kernels(t.vec_dot.data(), t.quantize_row.data());
     detail::add_avx512_gemm(t.gemm.data());
     t.sgemm = detail::sgemm_avx512;
+    t.exp_sum = detail::exp_sum_avx512;
   }
 #endif
   return t;
@@ -51,6 +55,15 @@ void detail::sgemm_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t 
       for (int64_t k = 0; k < K; ++k) s += double(A[m * lda + k]) * double(B[k * ldb + n]);
       C[m * ldc + n] = float(s);
     }
+}
+
+float detail::exp_sum_ref(const float* x, float* y, int64_t n, float max) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    y[i] = std::exp(x[i] - max);
+    sum += y[i];
+  }
+  return float(sum);
 }
 
 void KernelTable::gemm_tile(GgmlType weight, int64_t n, const void* w, size_t w_stride,

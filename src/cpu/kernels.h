@@ -49,6 +49,11 @@ using GemmFn = void (*)(int64_t n, const void* w, size_t w_stride, int64_t n_row
 using SgemmFn = void (*)(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
                          int64_t ldb, float* C, int64_t ldc, bool accumulate);
 
+// y[i] = exp(x[i] - max) for i < n (y may be x); returns the sum of the y[i]. An x[i] of -inf
+// gives exactly 0. The SIMD variants use a degree-6 polynomial after range reduction (relative
+// error a few float ulps, as ggml's vectorised expf).
+using ExpSumFn = float (*)(const float* x, float* y, int64_t n, float max);
+
 struct KernelTable {
   CpuIsa isa = CpuIsa::scalar;
   // vec_dot[weight type](n, w, a): one weight row . one activation row in the weight type's
@@ -61,6 +66,7 @@ struct KernelTable {
   // over vec_dot.
   std::array<GemmFn, kKernelTypeCount> gemm{};
   SgemmFn sgemm = nullptr;  // never null
+  ExpSumFn exp_sum = nullptr;  // never null
 
   VecDotFn dot(GgmlType weight) const { return vec_dot[size_t(weight)]; }
   // One tile of y = W a (GemmFn's contract) with the best kernel this table has for the type.
@@ -113,6 +119,9 @@ void sgemm_avx512(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, 
                   int64_t ldb, float* C, int64_t ldc, bool accumulate);
 void sgemm_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
                float* C, int64_t ldc, bool accumulate);
+float exp_sum_ref(const float* x, float* y, int64_t n, float max);
+float exp_sum_avx2(const float* x, float* y, int64_t n, float max);
+float exp_sum_avx512(const float* x, float* y, int64_t n, float max);
 }  // namespace detail
 
 }  // namespace strata::cpu

@@ -133,13 +133,14 @@ void add(float* y, const float* x, int64_t n) {
 void softmax(float* x, int64_t n) {
   float mx = -INFINITY;
   for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
-  double sum = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - mx);
-    sum += x[i];
-  }
-  const float inv = float(1.0 / sum);
+  static const ExpSumFn exp_sum = cpu_kernels().exp_sum;
+  const float inv = 1.0f / exp_sum(x, x, n, mx);
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+float exp_sum(float* x, int64_t n, float max) {
+  static const ExpSumFn f = cpu_kernels().exp_sum;
+  return f(x, x, n, max);
 }
 
 namespace {

@@ -72,8 +72,10 @@ void add(float* y, const float* x, int64_t n);
 // sum_i a[i] b[i], with the start-up ISA's f32 kernel (attention scores).
 float dot_f32(const float* a, const float* b, int64_t n);
 
-// Softmax of x[0..n) in place.
+// Softmax of x[0..n) in place (exp by the start-up ISA's exp_sum).
 void softmax(float* x, int64_t n);
+// x[i] = exp(x[i] - max) in place; returns their sum (kernels.h ExpSumFn).
+float exp_sum(float* x, int64_t n, float max);
 
 inline float silu(float x) { return x / (1.0f + __builtin_expf(-x)); }
 

@@ -75,7 +75,7 @@ void init_cache(const Model& m, int n_ctx, KvCache& cache) {
   } else {
     // qwen3moe, qwen2moe, llama, gpt-oss: every position of every layer, sliding-window layers
     // included (attention_gqa skips the rows outside the window)
-    cache.init(hp.n_layer, n_ctx, hp.n_head_kv * hp.head_dim_k, hp.n_head_kv * hp.head_dim_v);
+    cache.init_key_blocks(hp.n_layer, n_ctx, hp.n_head_kv, hp.head_dim_k, hp.n_head_kv * hp.head_dim_v);
   }
 }
 

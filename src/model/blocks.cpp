@@ -19,12 +19,7 @@ namespace {
 void softmax_with_sink(float* x, int64_t n, float sink) {
   float mx = sink;
   for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
-  double sum = std::exp(sink - mx);
-  for (int64_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - mx);
-    sum += x[i];
-  }
-  const float inv = float(1.0 / sum);
+  const float inv = 1.0f / (cpu::exp_sum(x, n, mx) + std::exp(sink - mx));
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
@@ -338,30 +333,22 @@ void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const fl
     const int64_t t0 = (task / p.n_head_kv) * kTokBlock, t1 = std::min(n_tok, t0 + kTokBlock);
     const int64_t rows = (t1 - t0) * group;
     // keys: from the first one the block's first token sees to the last one its last token sees
-    const int64_t j_lo = p.n_swa > 0 ? std::max<int64_t>(0, pos0 + t0 - p.n_swa + 1) : 0;
+    // (rounded down to a key block; the keys before the window are masked below)
+    const int64_t kb = KvCache::kKeyBlock;
+    const int64_t j_lo = p.n_swa > 0 ? std::max<int64_t>(0, pos0 + t0 - p.n_swa + 1) / kb * kb : 0;
     const int64_t j_hi = pos0 + t1;  // exclusive
     const int64_t nk = j_hi - j_lo;
-    thread_local std::vector<float> qb, kt, score, ob;
+    thread_local std::vector<float> qb, score, ob;
     qb.resize(size_t(rows * DK));
-    if (rows >= 32) kt.resize(size_t(DK * nk));
     score.resize(size_t(rows * nk));
     ob.resize(size_t(rows * DV));
     for (int64_t t = t0; t < t1; ++t)
       for (int g = 0; g < group; ++g)
         std::copy_n(q + (t * p.n_head + hk * group + g) * DK, DK, &qb[size_t(((t - t0) * group + g) * DK)]);
-    if (rows >= 32) {
-      // K^T [DK][nk], transposed in 16-key strips (each strip's rows stay in L1), then one GEMM
-      for (int64_t j0 = 0; j0 < nk; j0 += 16) {
-        const int64_t j1 = std::min(nk, j0 + 16);
-        for (int64_t d = 0; d < DK; ++d)
-          for (int64_t j = j0; j < j1; ++j) kt[size_t(d * nk + j)] = cache.k_row(layer, j_lo + j)[hk * DK + d];
-      }
-      sgemm(rows, nk, DK, qb.data(), DK, kt.data(), nk, score.data(), nk, false);
-    } else {
-      // few rows (decode): a dot product per (row, key) reads each key once per row, no transpose
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = 0; j < nk; ++j)
-          score[size_t(r * nk + j)] = cpu::dot_f32(&qb[size_t(r * DK)], cache.k_row(layer, j_lo + j) + hk * DK, DK);
+    // K is stored transposed in blocks of kKeyBlock keys (KvCache::k_block): one GEMM per block
+    for (int64_t j = j_lo; j < j_hi; j += kb) {
+      const int64_t w = std::min(kb, j_hi - j);
+      sgemm(rows, w, DK, qb.data(), DK, cache.k_block(layer, hk, j / kb), kb, &score[size_t(j - j_lo)], nk, false);
     }
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t pos = pos0 + t;
@@ -376,8 +363,7 @@ void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const fl
         else cpu::softmax(srow, nk);
       }
     }
-    const int64_t v_stride = cache.v_width;
-    sgemm(rows, DV, nk, score.data(), nk, cache.v_row(layer, j_lo) + hk * DV, v_stride, ob.data(), DV, false);
+    sgemm(rows, DV, nk, score.data(), nk, cache.v_head(layer, hk) + j_lo * DV, DV, ob.data(), DV, false);
     for (int64_t t = t0; t < t1; ++t)
       for (int g = 0; g < group; ++g)
         std::copy_n(&ob[size_t(((t - t0) * group + g) * DV)], DV, out + (t * p.n_head + hk * group + g) * DV);
@@ -414,8 +400,13 @@ void gqa_attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeig
     }
     cpu::rope(qt, int(H), int(DK), pos0 + t, hp.rope);
     cpu::rope(kt, int(HKV), int(DK), pos0 + t, hp.rope);
-    std::copy_n(kt, HKV * DK, cache.k_row(il, pos0 + t));
-    std::copy_n(&v[size_t(t * HKV * DV)], HKV * DV, cache.v_row(il, pos0 + t));
+    const int64_t pos = pos0 + t, kb = KvCache::kKeyBlock;
+    for (int64_t hk = 0; hk < HKV; ++hk) {
+      float* blk = cache.k_block(il, int(hk), pos / kb) + pos % kb;
+      for (int64_t d = 0; d < DK; ++d) blk[d * kb] = kt[hk * DK + d];
+    }
+    for (int64_t hk = 0; hk < HKV; ++hk)
+      std::copy_n(&v[size_t((t * HKV + hk) * DV)], DV, cache.v_head(il, int(hk)) + (pos0 + t) * DV);
   }
   const AttentionParams ap{.n_head = hp.n_head,
                            .n_head_kv = hp.n_head_kv,

@@ -14,18 +14,21 @@ namespace {
 template <int MR>
 void block16(int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc) {
   __m256 c0[MR], c1[MR];
+#pragma GCC unroll 4
   for (int r = 0; r < MR; ++r) {
     c0[r] = _mm256_loadu_ps(C + r * ldc);
     c1[r] = _mm256_loadu_ps(C + r * ldc + 8);
   }
   for (int64_t k = 0; k < K; ++k) {
     const __m256 b0 = _mm256_loadu_ps(B + k * ldb), b1 = _mm256_loadu_ps(B + k * ldb + 8);
+#pragma GCC unroll 4
     for (int r = 0; r < MR; ++r) {
       const __m256 a = _mm256_broadcast_ss(A + r * lda + k);
       c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
       c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
     }
   }
+#pragma GCC unroll 4
   for (int r = 0; r < MR; ++r) {
     _mm256_storeu_ps(C + r * ldc, c0[r]);
     _mm256_storeu_ps(C + r * ldc + 8, c1[r]);
@@ -64,6 +67,56 @@ void sgemm_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, co
       }
     }
   }
+}
+
+}  // namespace strata::cpu::detail
+
+// ---- exp for softmax ----
+
+namespace strata::cpu::detail {
+namespace {
+
+// As the AVX-512 variant; 2^n built in the exponent field (n clamped to [-126, 127]).
+inline __m256 exp8(__m256 x) {
+  const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+}  // namespace
+
+float exp_sum_avx2(const float* x, float* y, int64_t n, float max) {
+  const __m256 m = _mm256_set1_ps(max);
+  __m256 sum = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), m));
+    _mm256_storeu_ps(y + i, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sum);
+  float s = 0;
+  for (float v : lanes) s += v;
+  for (; i < n; ++i) {
+    alignas(32) float in[8] = {x[i] - max}, out[8];
+    _mm256_store_ps(out, exp8(_mm256_load_ps(in)));
+    y[i] = out[0];
+    s += out[0];
+  }
+  return s;
 }
 
 }  // namespace strata::cpu::detail

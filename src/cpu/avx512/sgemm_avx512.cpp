@@ -1,7 +1,8 @@
 // AVX-512 float matrix product (kernels.h SgemmFn): C (+)= A B, row-major. Blocks of 8 rows of A
 // by 32 columns of B (two registers) keep 16 accumulators in registers; each step of k loads two
-// registers of B and broadcasts 8 values of A. Column tails by masked loads and stores; row tails
-// by the same loop with fewer rows. FMA in float: against the double-summed reference the result
+// registers of B and broadcasts 8 values of A. With at most 8 rows, 128-column panels of 2 rows
+// come first (whole 512-byte rows of B per step: decode attention's P V reads V in order). Column
+// tails by masked loads and stores; row tails by the same loop with fewer rows. FMA in float: against the double-summed reference the result
 // differs by float rounding of K-term sums (tests/test_simd_kernels.cpp states the bound).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -16,47 +17,119 @@
 namespace strata::cpu::detail {
 namespace {
 
-template <int MR>
+// MR rows of A by NV registers (16 NV columns) of B; masks apply to the last register only.
+template <int MR, int NV>
 void block(int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
-           bool accumulate, __mmask16 m0, __mmask16 m1) {
-  __m512 c0[MR], c1[MR];
-  for (int r = 0; r < MR; ++r) {
-    c0[r] = accumulate ? _mm512_maskz_loadu_ps(m0, C + r * ldc) : _mm512_setzero_ps();
-    c1[r] = accumulate ? _mm512_maskz_loadu_ps(m1, C + r * ldc + 16) : _mm512_setzero_ps();
-  }
+           bool accumulate, __mmask16 last) {
+  __m512 c[MR][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 m = v == NV - 1 ? last : __mmask16(0xFFFF);
+      c[r][v] = accumulate ? _mm512_maskz_loadu_ps(m, C + r * ldc + 16 * v) : _mm512_setzero_ps();
+    }
   for (int64_t k = 0; k < K; ++k) {
-    const __m512 b0 = _mm512_maskz_loadu_ps(m0, B + k * ldb);
-    const __m512 b1 = _mm512_maskz_loadu_ps(m1, B + k * ldb + 16);
+    __m512 b[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v)
+      b[v] = v == NV - 1 ? _mm512_maskz_loadu_ps(last, B + k * ldb + 16 * v) : _mm512_loadu_ps(B + k * ldb + 16 * v);
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       const __m512 a = _mm512_set1_ps(A[r * lda + k]);
-      c0[r] = _mm512_fmadd_ps(a, b0, c0[r]);
-      c1[r] = _mm512_fmadd_ps(a, b1, c1[r]);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) c[r][v] = _mm512_fmadd_ps(a, b[v], c[r][v]);
     }
   }
-  for (int r = 0; r < MR; ++r) {
-    _mm512_mask_storeu_ps(C + r * ldc, m0, c0[r]);
-    _mm512_mask_storeu_ps(C + r * ldc + 16, m1, c1[r]);
-  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v)
+      _mm512_mask_storeu_ps(C + r * ldc + 16 * v, v == NV - 1 ? last : __mmask16(0xFFFF), c[r][v]);
 }
 
-using BlockFn = void (*)(int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t, bool,
-                         __mmask16, __mmask16);
-constexpr BlockFn kBlocks[9] = {nullptr,   block<1>, block<2>, block<3>, block<4>,
-                                block<5>, block<6>, block<7>, block<8>};
+using BlockFn = void (*)(int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t, bool, __mmask16);
+// 8 rows x 32 columns (most shapes); 2 rows x 128 columns for wide products with few rows (the
+// P V of decode attention: each pass then reads whole 512-byte rows of V, in order).
+constexpr BlockFn kNarrow[9] = {nullptr,      block<1, 2>, block<2, 2>, block<3, 2>, block<4, 2>,
+                                block<5, 2>, block<6, 2>, block<7, 2>, block<8, 2>};
+constexpr BlockFn kWide[3] = {nullptr, block<1, 8>, block<2, 8>};
+constexpr BlockFn kOne[9] = {nullptr,      block<1, 1>, block<2, 1>, block<3, 1>, block<4, 1>,
+                             block<5, 1>, block<6, 1>, block<7, 1>, block<8, 1>};
 
 }  // namespace
 
 void sgemm_avx512(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
                   int64_t ldb, float* C, int64_t ldc, bool accumulate) {
-  for (int64_t n0 = 0; n0 < N; n0 += 32) {
+  int64_t n0 = 0;
+  if (M <= 8)  // wide panels of 128 columns while they last
+    for (; n0 + 128 <= N; n0 += 128)
+      for (int64_t m0 = 0; m0 < M; m0 += 2) {
+        const int rows = int(M - m0 < 2 ? M - m0 : 2);
+        kWide[rows](K, A + m0 * lda, lda, B + n0, ldb, C + m0 * ldc + n0, ldc, accumulate, 0xFFFF);
+      }
+  for (; n0 < N; n0 += 32) {
     const int64_t w = N - n0 < 32 ? N - n0 : 32;
-    const __mmask16 m0 = _cvtu32_mask16(w >= 16 ? 0xFFFFu : (1u << w) - 1);
-    const __mmask16 m1 = _cvtu32_mask16(w >= 32 ? 0xFFFFu : w > 16 ? (1u << (w - 16)) - 1 : 0u);
-    for (int64_t m0r = 0; m0r < M; m0r += 8) {
-      const int rows = int(M - m0r < 8 ? M - m0r : 8);
-      kBlocks[rows](K, A + m0r * lda, lda, B + n0, ldb, C + m0r * ldc + n0, ldc, accumulate, m0, m1);
+    if (w <= 16) {  // the last columns fit one register
+      const __mmask16 m = _cvtu32_mask16(w >= 16 ? 0xFFFFu : (1u << w) - 1);
+      for (int64_t m0 = 0; m0 < M; m0 += 8) {
+        const int rows = int(M - m0 < 8 ? M - m0 : 8);
+        kOne[rows](K, A + m0 * lda, lda, B + n0, ldb, C + m0 * ldc + n0, ldc, accumulate, m);
+      }
+      continue;
+    }
+    const __mmask16 last = _cvtu32_mask16(w >= 32 ? 0xFFFFu : (1u << (w - 16)) - 1);
+    for (int64_t m0 = 0; m0 < M; m0 += 8) {
+      const int rows = int(M - m0 < 8 ? M - m0 : 8);
+      kNarrow[rows](K, A + m0 * lda, lda, B + n0, ldb, C + m0 * ldc + n0, ldc, accumulate, last);
     }
   }
+}
+
+}  // namespace strata::cpu::detail
+
+// ---- exp for softmax ----
+
+namespace strata::cpu::detail {
+namespace {
+
+// exp(x) by range reduction x = n ln2 + r, |r| <= ln2 / 2, and Cephes' degree-6 polynomial for
+// exp(r); 2^n applied by vscalefps. Inputs below -87.3 (including -inf) give exactly 0.
+inline __m512 exp16(__m512 x) {
+  const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_maskz_mov_ps(_knot_mask16(tiny), _mm512_scalef_ps(p, n));
+}
+
+}  // namespace
+
+float exp_sum_avx512(const float* x, float* y, int64_t n, float max) {
+  const __m512 m = _mm512_set1_ps(max);
+  __m512 sum = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), m));
+    _mm512_storeu_ps(y + i, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  if (i < n) {
+    const __mmask16 valid = _cvtu32_mask16((1u << (n - i)) - 1);
+    const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(valid, x + i), m)));
+    _mm512_mask_storeu_ps(y + i, valid, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  return _mm512_reduce_add_ps(sum);
 }
 
 }  // namespace strata::cpu::detail
