@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -91,6 +92,18 @@ Result<uint8_t*> read_into_ram(int fd, const std::string& path, size_t size, siz
   return dst;
 }
 
+// MemAvailable of /proc/meminfo in bytes; 0 when unknown.
+size_t available_memory() {
+  FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  size_t kb = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::sscanf(line, "MemAvailable: %zu kB", &kb) == 1) break;
+  std::fclose(f);
+  return kb * 1024;
+}
+
 }  // namespace
 
 Result<MappedFile> MappedFile::open(const std::string& path, Mode mode) {
@@ -109,6 +122,9 @@ Result<MappedFile> MappedFile::open(const std::string& path, Mode mode) {
   MappedFile f;
   f.path_ = path;
   f.size_ = static_cast<size_t>(st.st_size);
+  if (mode == Mode::automatic)
+    mode = double(f.size_) < 0.8 * double(available_memory()) ? Mode::ram : Mode::mmap;
+  f.mode_ = mode;
   if (f.size_ > 0 && mode == Mode::ram) {
     constexpr size_t kHuge = size_t(2) << 20;
     const size_t mapped = (f.size_ + kHuge - 1) / kHuge * kHuge;

@@ -24,19 +24,24 @@ class MappedFile {
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
 
-  enum class Mode { mmap, ram };
+  // automatic: ram when the file takes less than 80% of the memory available now
+  // (/proc/meminfo MemAvailable), else mmap.
+  enum class Mode { mmap, ram, automatic };
   // Maps (or reads) `path`. An empty file maps to an empty span. A failed or short read is an
   // error naming the file and the offset, never zeros.
   static Result<MappedFile> open(const std::string& path, Mode mode = Mode::mmap);
 
   std::span<const uint8_t> bytes() const { return {data_, size_}; }
   size_t size() const { return size_; }
+  // How the bytes came in: ram or mmap (never automatic).
+  Mode mode() const { return mode_; }
   const std::string& path() const { return path_; }
 
  private:
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
   size_t mapped_ = 0;  // bytes of the mapping (ram mode rounds up to 2 MiB)
+  Mode mode_ = Mode::mmap;
   std::string path_;
 };
 

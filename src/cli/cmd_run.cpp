@@ -32,7 +32,7 @@ struct CommonOptions {
   std::string model = STRATA_DEFAULT_MODEL;
   int threads = 0;  // 0: one per physical core
   int ctx = 0;      // 0: the model's training context
-  MappedFile::Mode load = MappedFile::Mode::mmap;
+  MappedFile::Mode load = MappedFile::Mode::automatic;
 };
 
 void add_common(CLI::App* sub, CommonOptions& o) {
@@ -40,9 +40,10 @@ void add_common(CLI::App* sub, CommonOptions& o) {
   sub->add_option("-t,--threads", o.threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
   sub->add_option("-c,--ctx", o.ctx, "context length cap (default: the model's)")->check(CLI::PositiveNumber);
   sub->add_option("--load", o.load,
-                  "how weights come into memory: mmap (page cache, default) or ram (read into huge pages)")
-      ->transform(CLI::CheckedTransformer(
-          std::map<std::string, MappedFile::Mode>{{"mmap", MappedFile::Mode::mmap}, {"ram", MappedFile::Mode::ram}}));
+                  "weights into memory: ram (read into huge pages: faster decode), mmap (page cache: "
+                  "instant start), auto (default: ram when the file fits in 80% of available memory)")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, MappedFile::Mode>{
+          {"mmap", MappedFile::Mode::mmap}, {"ram", MappedFile::Mode::ram}, {"auto", MappedFile::Mode::automatic}}));
 }
 
 struct Loaded {
@@ -57,8 +58,9 @@ Result<Loaded> load(const CommonOptions& o, const char* cmd) {
   if (!m) return m.error();
   auto s = summarize_model((*m)->file());
   if (!s) return s.error();
-  std::fprintf(stderr, "%s: loaded %s (%s, %s) in %.2f s, %d threads\n", cmd, o.model.c_str(),
+  std::fprintf(stderr, "%s: loaded %s (%s, %s) in %.2f s (%s), %d threads\n", cmd, o.model.c_str(),
                s->arch.c_str(), format_bytes(double(s->n_bytes)).c_str(), seconds_since(t0),
+               (*m)->file().load_mode() == MappedFile::Mode::ram ? "read into RAM" : "mapped",
                cpu::compute_pool().size());
   return Loaded{std::move(*m), std::move(*s)};
 }

@@ -159,6 +159,10 @@ class GgufFile {
 
  private:
   std::shared_ptr<MappedFile> map_;  // null when parsing caller-owned bytes
+
+ public:
+  // How the file's bytes came into memory (mmap for caller-owned bytes).
+  MappedFile::Mode load_mode() const { return map_ ? map_->mode() : MappedFile::Mode::mmap; }
   std::span<const uint8_t> bytes_;
   std::string name_;
   uint32_t version_ = 0;
