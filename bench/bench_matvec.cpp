@@ -75,7 +75,7 @@ void BM_matvec(benchmark::State& state, GgmlType type, CpuIsa isa, int64_t n_in,
     });
     benchmark::DoNotOptimize(y.data());
   }
-  set_bandwidth_counters(state, w.mat_bytes() / size_t(count), now_seconds() - t0, dram);
+  set_bandwidth_counters(state, w.mat_bytes(), now_seconds() - t0, dram);
   state.SetLabel(std::string(qt.name) + " " + std::string(cpu::isa_name(isa)));
 }
 
@@ -93,7 +93,7 @@ void BM_matmul_backend(benchmark::State& state, GgmlType type, int64_t n_in, int
     backend.matmul(stack.slice(next++ % count), x.data(), 1, y.data());
     benchmark::DoNotOptimize(y.data());
   }
-  set_bandwidth_counters(state, w.mat_bytes() / size_t(count), now_seconds() - t0, dram);
+  set_bandwidth_counters(state, w.mat_bytes(), now_seconds() - t0, dram);
   state.SetLabel(std::string(quant_traits(type).name) + " " + std::string(cpu::isa_name()));
 }
 

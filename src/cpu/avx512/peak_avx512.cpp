@@ -11,21 +11,35 @@
 namespace strata::cpu::detail {
 
 double int8_loop_avx512(long iters) {
-  constexpr int kChains = 12;
-  __m512i acc[kChains];
-  for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_epi32(i);
-  const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-5);
+  // Twelve named accumulators (an array would be kept on the stack across the asm barrier).
+  __m512i a0 = _mm512_set1_epi32(0), a1 = _mm512_set1_epi32(1), a2 = _mm512_set1_epi32(2),
+          a3 = _mm512_set1_epi32(3), a4 = _mm512_set1_epi32(4), a5 = _mm512_set1_epi32(5),
+          a6 = _mm512_set1_epi32(6), a7 = _mm512_set1_epi32(7), a8 = _mm512_set1_epi32(8),
+          a9 = _mm512_set1_epi32(9), a10 = _mm512_set1_epi32(10), a11 = _mm512_set1_epi32(11);
+  const __m512i x = _mm512_set1_epi8(3), y = _mm512_set1_epi8(-5);
   for (long it = 0; it < iters; ++it) {
-    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
-    __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]), "+v"(acc[4]),
-                     "+v"(acc[5]), "+v"(acc[6]), "+v"(acc[7]), "+v"(acc[8]), "+v"(acc[9]),
-                     "+v"(acc[10]), "+v"(acc[11]));
+    a0 = _mm512_dpbusd_epi32(a0, x, y);
+    a1 = _mm512_dpbusd_epi32(a1, x, y);
+    a2 = _mm512_dpbusd_epi32(a2, x, y);
+    a3 = _mm512_dpbusd_epi32(a3, x, y);
+    a4 = _mm512_dpbusd_epi32(a4, x, y);
+    a5 = _mm512_dpbusd_epi32(a5, x, y);
+    a6 = _mm512_dpbusd_epi32(a6, x, y);
+    a7 = _mm512_dpbusd_epi32(a7, x, y);
+    a8 = _mm512_dpbusd_epi32(a8, x, y);
+    a9 = _mm512_dpbusd_epi32(a9, x, y);
+    a10 = _mm512_dpbusd_epi32(a10, x, y);
+    a11 = _mm512_dpbusd_epi32(a11, x, y);
+    __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
+                     "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
   }
-  __m512i s = acc[0];
-  for (int i = 1; i < kChains; ++i) s = _mm512_add_epi32(s, acc[i]);
+  const __m512i s = _mm512_add_epi32(
+      _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
+                       _mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7))),
+      _mm512_add_epi32(_mm512_add_epi32(a8, a9), _mm512_add_epi32(a10, a11)));
   volatile int sink = _mm512_reduce_add_epi32(s);
   (void)sink;
-  return double(iters) * kChains * 64;
+  return double(iters) * 12 * 64;
 }
 
 }  // namespace strata::cpu::detail
