@@ -1,4 +1,5 @@
-// Fresh random data for the kernel tests (test_simd_kernels.cpp, test_gemm_kernels.cpp): one
+// Fresh random data and block layouts for the kernel tests (test_simd_kernels.cpp,
+// test_gemm_kernels.cpp): one
 // seed per test process, printed with every failure (SEED_TRACE) and replayable with
 // STRATA_TEST_SEED=<seed>; an Rng per test, salted so tests do not share streams.
 #pragma once
@@ -6,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <random>
@@ -13,6 +15,8 @@
 #include <vector>
 
 #include "cpu/fp16.h"
+#include "cpu/quant_blocks.h"
+#include "model/ggml_type.h"
 
 namespace strata {
 
@@ -48,5 +52,27 @@ struct Rng {
     return x;
   }
 };
+
+inline bool has_mins(GgmlType t) { return t == GgmlType::q4_k || t == GgmlType::q5_k; }
+
+// Where the scales of a block are, and how they are drawn.
+struct ScaleFields {
+  size_t d = 0;            // offset of the fp16 scale (or the E8M0 byte of mxfp4)
+  size_t dmin = SIZE_MAX;  // offset of the fp16 min scale (Q4_K / Q5_K)
+  bool signed_scale = true;
+};
+inline ScaleFields scale_fields(GgmlType t) {
+  switch (t) {
+    case GgmlType::q4_0: return {offsetof(block_q4_0, d)};
+    case GgmlType::q5_0: return {offsetof(block_q5_0, d)};
+    case GgmlType::q8_0: return {offsetof(block_q8_0, d)};
+    case GgmlType::iq4_nl: return {offsetof(block_iq4_nl, d)};
+    case GgmlType::mxfp4: return {offsetof(block_mxfp4, e)};
+    case GgmlType::q4_k: return {offsetof(block_q4_K, d), offsetof(block_q4_K, dmin), false};
+    case GgmlType::q5_k: return {offsetof(block_q5_K, d), offsetof(block_q5_K, dmin), false};
+    case GgmlType::q6_k: return {offsetof(block_q6_K, d)};
+    default: ADD_FAILURE() << "no scale layout for type " << int(t); return {};
+  }
+}
 
 }  // namespace strata

@@ -44,28 +44,6 @@ using cpu::KernelTable;
 
 const CpuIsa kSimdIsas[] = {CpuIsa::avx2, CpuIsa::avx512};
 
-bool has_mins(GgmlType t) { return t == GgmlType::q4_k || t == GgmlType::q5_k; }
-
-// Where the scales of a block are, and how they are drawn.
-struct ScaleFields {
-  size_t d = 0;            // offset of the fp16 scale (or the E8M0 byte of mxfp4)
-  size_t dmin = SIZE_MAX;  // offset of the fp16 min scale (Q4_K / Q5_K)
-  bool signed_scale = true;
-};
-ScaleFields scale_fields(GgmlType t) {
-  switch (t) {
-    case GgmlType::q4_0: return {offsetof(block_q4_0, d)};
-    case GgmlType::q5_0: return {offsetof(block_q5_0, d)};
-    case GgmlType::q8_0: return {offsetof(block_q8_0, d)};
-    case GgmlType::iq4_nl: return {offsetof(block_iq4_nl, d)};
-    case GgmlType::mxfp4: return {offsetof(block_mxfp4, e)};
-    case GgmlType::q4_k: return {offsetof(block_q4_K, d), offsetof(block_q4_K, dmin), false};
-    case GgmlType::q5_k: return {offsetof(block_q5_K, d), offsetof(block_q5_K, dmin), false};
-    case GgmlType::q6_k: return {offsetof(block_q6_K, d)};
-    default: ADD_FAILURE() << "no scale layout for type " << int(t); return {};
-  }
-}
-
 void put_half(uint8_t* p, uint16_t h) { std::memcpy(p, &h, 2); }
 
 // A random weight row at `row`: random quant bytes (every bit pattern is a valid quant), random

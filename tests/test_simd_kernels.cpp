@@ -68,29 +68,7 @@ std::vector<int64_t> lengths_for(GgmlType type, std::initializer_list<int64_t> b
   return v;
 }
 
-bool has_mins(GgmlType t) { return t == GgmlType::q4_k || t == GgmlType::q5_k; }
-
 uint16_t to_float16(GgmlType t, float v) { return t == GgmlType::f16 ? f32_to_fp16(v) : f32_to_bf16(v); }
-
-// Where the scales of a block are, and how they are drawn.
-struct ScaleFields {
-  size_t d = 0;                // offset of the fp16 scale (or the E8M0 byte of mxfp4)
-  size_t dmin = SIZE_MAX;      // offset of the fp16 min scale (Q4_K / Q5_K)
-  bool signed_scale = true;
-};
-ScaleFields scale_fields(GgmlType t) {
-  switch (t) {
-    case GgmlType::q4_0: return {offsetof(block_q4_0, d)};
-    case GgmlType::q5_0: return {offsetof(block_q5_0, d)};
-    case GgmlType::q8_0: return {offsetof(block_q8_0, d)};
-    case GgmlType::iq4_nl: return {offsetof(block_iq4_nl, d)};
-    case GgmlType::mxfp4: return {offsetof(block_mxfp4, e)};
-    case GgmlType::q4_k: return {offsetof(block_q4_K, d), offsetof(block_q4_K, dmin), false};
-    case GgmlType::q5_k: return {offsetof(block_q5_K, d), offsetof(block_q5_K, dmin), false};
-    case GgmlType::q6_k: return {offsetof(block_q6_K, d)};
-    default: ADD_FAILURE() << "no scale layout for type " << int(t); return {};
-  }
-}
 
 void put_half(std::vector<uint8_t>& row, size_t offset, uint16_t h) { std::memcpy(&row[offset], &h, 2); }
 
