@@ -1,7 +1,7 @@
 // Fresh random data and block layouts for the kernel tests (test_simd_kernels.cpp,
-// test_gemm_kernels.cpp): one
-// seed per test process, printed with every failure (SEED_TRACE) and replayable with
-// STRATA_TEST_SEED=<seed>; an Rng per test, salted so tests do not share streams.
+// test_gemm_kernels.cpp): one seed per test process, printed with every failure (SEED_TRACE) and
+// replayable with STRATA_TEST_SEED=<seed>; an Rng per test, salted so tests do not share
+// streams; where each format keeps its scales.
 #pragma once
 
 #include <gtest/gtest.h>
