@@ -4,9 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "cpu/kernels.h"
 #include "gguf_builder.h"
 #include "test_support.h"
 
@@ -113,6 +118,56 @@ TEST(Cli, ChatReadsTurnsFromStdin) {
   test::write_file(turns, std::vector<uint8_t>(t.begin(), t.end()));
   ASSERT_EQ(test::run_cli("chat -n 4 --temp 0 --template qwen3 < \"" + turns.string() + "\"", &out), 0) << out;
   EXPECT_EQ(std::count(out.begin(), out.end(), '['), 2) << out;  // one "[N tokens, ...]" per turn
+}
+
+// STRATA_ISA forces a kernel variant in a fresh process: strata bench names the variant it runs,
+// and the logits of the bundled model from every variant agree with the scalar reference's. The
+// integer sums are the same and only float rounding differs, but a router near a tie can pick
+// another expert for a token, so the bound is the statistical one the fixtures use for the
+// quantized path (rms of the difference / rms of the logits < 0.02), not an element-wise one.
+TEST(Cli, ForcedIsaRunsThatVariant) {
+  const fs::path dir = test::scratch_dir("cli_isa");
+  const std::string tokens = (test::data_dir() / "models" / "qwen3moe" / "tokens.json").string();
+  auto read_f32 = [](const fs::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::vector<float> out(bytes.size() / sizeof(float));
+    std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
+    return out;
+  };
+  std::vector<float> ref;
+  for (const char* isa : {"scalar", "avx2", "avx512"}) {
+    if (!cpu::isa_supported(*cpu::parse_isa(isa))) {
+      std::printf("[ SKIPPED ] this CPU lacks %s\n", isa);
+      continue;
+    }
+    setenv("STRATA_ISA", isa, 1);
+    std::string out;
+    const int rc_bench = test::run_cli("bench -p 4 -n 2", &out);
+    const fs::path logits = dir / (std::string(isa) + ".f32");
+    std::string lout;
+    const int rc_logits = test::run_cli("logits --tokens \"" + tokens + "\" -o \"" + logits.string() + "\"", &lout);
+    unsetenv("STRATA_ISA");
+    ASSERT_EQ(rc_bench, 0) << out;
+    EXPECT_NE(out.find(std::string("(") + isa + ")"), std::string::npos) << out;
+    ASSERT_EQ(rc_logits, 0) << lout;
+    // the scalar file is the reference; read it from the file of the first variant run
+    std::vector<float> got = read_f32(logits);
+    ASSERT_FALSE(got.empty());
+    if (ref.empty()) {
+      ref = got;
+      continue;
+    }
+    ASSERT_EQ(got.size(), ref.size());
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      err += double(got[i] - ref[i]) * double(got[i] - ref[i]);
+      norm += double(ref[i]) * double(ref[i]);
+    }
+    const double rms_rel = std::sqrt(err / norm);
+    std::printf("%s vs scalar: rms_rel %.2e\n", isa, rms_rel);
+    EXPECT_LT(rms_rel, 0.02) << isa << " vs scalar";
+  }
 }
 
 }  // namespace
