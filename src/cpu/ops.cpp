@@ -88,22 +88,53 @@ int64_t CpuBackend::rows_per_task(int64_t n_out, int n_threads) {
 }
 
 void CpuBackend::matmul(const Weight& w, const float* x, int64_t n_tok, float* y) const {
-  if (n_tok == 0 || w.n_out == 0) return;
-  thread_local std::vector<uint8_t> buf;
-  const ActRows a = prepare(w.type, x, n_tok, w.n_in, buf);
-  ThreadPool& pool = compute_pool();
+  const MatmulOut out{&w, y};
+  matmul_batch(std::span<const MatmulOut>(&out, 1), x, n_tok);
+}
+
+void CpuBackend::matmul_batch(std::span<const MatmulOut> outs, const float* x, int64_t n_tok) const {
+  if (n_tok == 0 || outs.empty()) return;
+  // activations prepared once per distinct format (the weights' vec_dot types)
+  thread_local std::vector<uint8_t> bufs[4];
+  std::vector<std::pair<GgmlType, ActRows>> prepared;
+  std::vector<ActRows> acts(outs.size());
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const Weight& w = *outs[i].w;
+    STRATA_CHECK(w.n_in == outs[0].w->n_in, "a matmul batch shares one input");
+    const GgmlType f = path_ == MatmulPath::exact ? GgmlType::f32 : quant_traits(w.type).vec_dot_type;
+    auto it = std::find_if(prepared.begin(), prepared.end(), [f](const auto& p) { return p.first == f; });
+    if (it == prepared.end()) {
+      STRATA_CHECK(prepared.size() < std::size(bufs), "more than 4 activation formats in one matmul batch");
+      prepared.emplace_back(f, prepare(w.type, x, n_tok, w.n_in, bufs[prepared.size()]));
+      it = prepared.end() - 1;
+    }
+    acts[i] = it->second;
+  }
   // Few tokens: the weights are the traffic; long row chunks. Many: tiles of kTileRows rows by
   // kTileTokens tokens, whose weights and activations both stay in L2 while the tile kernel
   // reuses them.
+  ThreadPool& pool = compute_pool();
+  struct Task {
+    uint32_t out;
+    int64_t r0, r1, t0, t1;
+  };
+  std::vector<Task> tasks;
   const bool tiled = n_tok >= kTileMinTokens;
-  const int64_t chunk = tiled ? kTileRows : rows_per_task(w.n_out, pool.size());
-  const int64_t tok_chunk = tiled ? kTileTokens : n_tok;
-  const int64_t n_row_chunks = (w.n_out + chunk - 1) / chunk;
-  const int64_t n_tok_chunks = (n_tok + tok_chunk - 1) / tok_chunk;
-  pool.run(n_row_chunks * n_tok_chunks, [&](int64_t task, int) {
-    const int64_t r0 = (task % n_row_chunks) * chunk, r1 = std::min(w.n_out, r0 + chunk);
-    const int64_t t0 = (task / n_row_chunks) * tok_chunk, t1 = std::min(n_tok, t0 + tok_chunk);
-    tile(w, r0, r1, ActRows{a.row(t0), a.row_bytes, t1 - t0}, y + t0 * w.n_out + r0, w.n_out);
+  int64_t total_rows = 0;
+  for (const MatmulOut& o : outs) total_rows += o.w->n_out;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const int64_t n_out = outs[i].w->n_out;
+    const int64_t chunk = tiled ? kTileRows : std::min(rows_per_task(total_rows, pool.size()), (n_out + 15) / 16 * 16);
+    const int64_t tok_chunk = tiled ? kTileTokens : n_tok;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tok_chunk)
+      for (int64_t r0 = 0; r0 < n_out; r0 += chunk)
+        tasks.push_back({uint32_t(i), r0, std::min(n_out, r0 + chunk), t0, std::min(n_tok, t0 + tok_chunk)});
+  }
+  pool.run(int64_t(tasks.size()), [&](int64_t k, int) {
+    const Task& t = tasks[size_t(k)];
+    const Weight& w = *outs[t.out].w;
+    const ActRows& a = acts[t.out];
+    tile(w, t.r0, t.r1, ActRows{a.row(t.t0), a.row_bytes, t.t1 - t.t0}, outs[t.out].y + t.t0 * w.n_out + t.r0, w.n_out);
   });
 }
 

@@ -34,6 +34,13 @@ class CpuBackend {
   // y[t][0..n_out) = W x[t] for t < n_tok. x: [n_tok][w.n_in], y: [n_tok][w.n_out] (no aliasing).
   // Activations prepared once; row chunks of W are tasks of compute_pool().
   void matmul(const Weight& w, const float* x, int64_t n_tok, float* y) const;
+  // Several matrices of the same input in one dispatch (q, k and v of attention): y_i = W_i x,
+  // activations prepared once per activation format, every matrix's row chunks from one counter.
+  struct MatmulOut {
+    const Weight* w;
+    float* y;  // [n_tok][w->n_out]
+  };
+  void matmul_batch(std::span<const MatmulOut> outs, const float* x, int64_t n_tok) const;
 
   // The two halves of matmul, for callers that batch several matrices into one dispatch (the
   // expert FFN). prepare: x [n_tok][n_in] for weights of type `weight_type`, into buf (resized;

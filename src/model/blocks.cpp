@@ -195,8 +195,13 @@ void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const
       if (!same_act) std::memcpy(&xu[(first[e] + i) * hu.row_bytes], hu.row(t), hu.row_bytes);
     }
 
-  // gate, up, GLU
+  // gate, up, GLU; a task that computed all F outputs of its tokens also quantizes them for down
+  // (decode: one task per expert), which saves a dispatch
   const std::vector<RowTask> up_tasks = row_tasks(ffns, F, pool.size());
+  const size_t ya_row = be.act_row_bytes(d0.type, F);
+  ya.resize(n_rows * ya_row);
+  const bool whole_rows = std::all_of(up_tasks.begin(), up_tasks.end(),
+                                      [&](const RowTask& t) { return t.r0 == 0 && t.r1 == F; });
   pool.run(int64_t(up_tasks.size()), [&](int64_t i, int) {
     const RowTask& task = up_tasks[size_t(i)];
     const FfnWork& f = ffns[size_t(task.ffn)];
@@ -217,15 +222,15 @@ void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const
       if (f.up_b) cpu::add(ut, f.up_b + task.r0, w);
       glu(glu_p, gt, ut, w);
       std::copy_n(gt, w, &act[(row0 + size_t(t)) * size_t(F) + size_t(task.r0)]);
+      if (whole_rows) be.prepare_row(d0.type, gt, F, &ya[(row0 + size_t(t)) * ya_row]);
     }
   });
 
-  // the activations, prepared for down
-  const size_t ya_row = be.act_row_bytes(d0.type, F);
-  ya.resize(n_rows * ya_row);
-  pool.run(int64_t(n_rows), [&](int64_t r, int) {
-    be.prepare_row(d0.type, &act[size_t(r) * size_t(F)], F, &ya[size_t(r) * ya_row]);
-  });
+  // the activations, prepared for down (unless the gate/up tasks did it)
+  if (!whole_rows)
+    pool.run(int64_t(n_rows), [&](int64_t r, int) {
+      be.prepare_row(d0.type, &act[size_t(r) * size_t(F)], F, &ya[size_t(r) * ya_row]);
+    });
 
   // down (+ bias)
   const std::vector<RowTask> down_tasks = row_tasks(ffns, E, pool.size());
@@ -240,10 +245,12 @@ void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const
       for (int64_t t = 0; t < ae.n_tok; ++t) cpu::add(ye + t * E, f.down_b + task.r0, task.r1 - task.r0);
   });
 
-  // out[token] += scale * y, FFNs in batch order
+  // out[token] += scale * y, FFNs in batch order; a few rows (decode) on the caller
   const int64_t col_chunk = 256;
-  pool.run((E + col_chunk - 1) / col_chunk, [&](int64_t c, int) {
-    const int64_t c0 = c * col_chunk, c1 = std::min(E, c0 + col_chunk);
+  const int64_t n_chunks = n_rows * size_t(E) <= 65536 ? 1 : (E + col_chunk - 1) / col_chunk;
+  const int64_t chunk = n_chunks == 1 ? E : col_chunk;
+  pool.run(n_chunks, [&](int64_t c, int) {
+    const int64_t c0 = c * chunk, c1 = std::min(E, c0 + chunk);
     for (size_t e = 0; e < n_ffn; ++e)
       for (size_t i = 0; i < ffns[e].tokens.size(); ++i) {
         const float s = ffns[e].scale[i];
@@ -385,9 +392,8 @@ void gqa_attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeig
                 DV = hp.head_dim_v;
   std::vector<float> q(size_t(n_tok * H * DK)), k(size_t(n_tok * HKV * DK)),
       v(size_t(n_tok * HKV * DV)), attn(size_t(n_tok * H * DV));
-  be.matmul(l.wq, h, n_tok, q.data());
-  be.matmul(l.wk, h, n_tok, k.data());
-  be.matmul(l.wv, h, n_tok, v.data());
+  const cpu::CpuBackend::MatmulOut qkv[] = {{&l.wq, q.data()}, {&l.wk, k.data()}, {&l.wv, v.data()}};
+  be.matmul_batch(qkv, h, n_tok);
   add_bias(q.data(), l.bq, n_tok, H * DK);
   add_bias(k.data(), l.bk, n_tok, HKV * DK);
   add_bias(v.data(), l.bv, n_tok, HKV * DV);
