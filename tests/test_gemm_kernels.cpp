@@ -50,6 +50,12 @@ void put_half(uint8_t* p, uint16_t h) { std::memcpy(p, &h, 2); }
 // valid scales. Q6_K's int8 sub-block scales are random too (-128..127).
 void random_weight_row(Rng& rng, GgmlType type, int64_t n, uint8_t* row) {
   const QuantTraits& t = quant_traits(type);
+  if (type == GgmlType::f16 || type == GgmlType::bf16) {  // finite values of random magnitude
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = rng.normal() * std::ldexp(1.0f, rng.int_in(-8, 4));
+    t.from_float(v.data(), row, n);
+    return;
+  }
   const size_t nb = size_t(n / t.block_size);
   for (size_t i = 0; i < nb * t.type_size; ++i) row[i] = rng.byte();
   const ScaleFields f = scale_fields(type);
@@ -101,6 +107,8 @@ void make_extreme(GgmlType type, int64_t n, uint8_t* row) {
         std::memset(q->scales, 0x80, 16);
         break;
       }
+      case GgmlType::f16: put_half(b, 0xFBFF); break;   // -65504, the largest finite half
+      case GgmlType::bf16: put_half(b, 0xF180); break;  // about -2^100
       default: ADD_FAILURE() << "no extreme row for " << t.name;
     }
   }
@@ -228,6 +236,9 @@ std::vector<int64_t> lengths_for(GgmlType type) {
   std::vector<int64_t> v = {256, 768, 2048};
   // 32-element formats take blocks eight at a time: 3, 9 and 13 blocks leave remainders
   if (quant_traits(type).block_size == 32) v.insert(v.end(), {96, 288, 416});
+  // float types: any length; 1, 15, 100 and 300 leave every tail of the 16-element steps and of
+  // the 256-element chunks
+  if (quant_traits(type).block_size == 1) v.insert(v.end(), {1, 15, 100, 300});
   return v;
 }
 

@@ -1,6 +1,6 @@
 // AVX-512 + VNNI tile kernels (kernels.h GemmFn): Q4_K, Q5_K, Q6_K against Q8_K activations;
-// Q8_0, Q4_0, IQ4_NL, MXFP4 against Q8_0 activations. Other types fall back to
-// KernelTable::gemm_tile's loop over the AVX-512 vec_dot.
+// Q8_0, Q4_0, IQ4_NL, MXFP4 against Q8_0 activations; F16, BF16 against float activations. Other
+// types fall back to KernelTable::gemm_tile's loop over the AVX-512 vec_dot.
 //
 // Scheme. The weight rows are taken 16 at a time (one int32 lane per row). For each 256 elements
 // (a K super-block, or eight 32-element blocks) the 16 rows' quants are unpacked once into L1
@@ -570,11 +570,88 @@ void gemm_32(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const vo
   }
 }
 
+// ---- F16 / BF16 weights x float activations ----
+//
+// 16 rows x 256 elements widened to float and transposed (16 x 16 blocks) into L1 scratch, so that
+// one register holds element k of the 16 rows; then per token one FMA with the broadcast
+// activation per element, tokens in blocks of up to kTok. Partial sums over the 256-element
+// chunks accumulate in y. Float FMA throughout (the reference sums in double: float rounding of
+// n-term sums, as the vec_dot kernels).
+
+struct F16Weights {
+  static __m512 load16(const uint8_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+};
+struct Bf16Weights {
+  static __m512 load16(const uint8_t* p, __mmask16 m) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+  }
+};
+
+constexpr int64_t kFloatChunk = 256;
+
+template <int T>
+void float_tokens(const float (*wt)[16], int64_t kk, const uint8_t* a, size_t a_stride, float* y, int64_t ldy,
+                  __mmask16 mask, bool first) {
+  __m512 acc[T];
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < kk; ++k) {
+    const __m512 wv = _mm512_load_ps(wt[k]);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      float x;
+      std::memcpy(&x, a + size_t(t) * a_stride + size_t(k) * sizeof(float), sizeof x);
+      acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(x), wv, acc[t]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) {
+    float* yt = y + t * ldy;
+    if (!first) acc[t] = _mm512_add_ps(acc[t], _mm512_maskz_loadu_ps(mask, yt));
+    _mm512_mask_storeu_ps(yt, mask, acc[t]);
+  }
+}
+
+template <class W>
+void gemm_float16(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
+                  int64_t n_tok, float* y, int64_t ldy) {
+  if (n == 0) {
+    for (int64_t t = 0; t < n_tok; ++t) std::fill(y + t * ldy, y + t * ldy + n_rows, 0.0f);
+    return;
+  }
+  alignas(64) float wt[kFloatChunk][16];
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* ab = static_cast<const uint8_t*>(a);
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
+    const int rows = int(std::min<int64_t>(kRows, n_rows - r0));
+    const __mmask16 mask = _cvtu32_mask16(rows == 16 ? 0xFFFFu : (1u << rows) - 1);
+    for (int64_t k0 = 0; k0 < n; k0 += kFloatChunk) {
+      const int64_t kk = std::min(kFloatChunk, n - k0);
+      for (int64_t kb = 0; kb < kk; kb += 16) {
+        const int m = int(std::min<int64_t>(16, kk - kb));
+        const __mmask16 km = _cvtu32_mask16(m == 16 ? 0xFFFFu : (1u << m) - 1);
+        __m512i r[16];
+        for (int i = 0; i < 16; ++i)
+          r[i] = i < rows ? _mm512_castps_si512(W::load16(wb + size_t(r0 + i) * w_stride + size_t(k0 + kb) * 2, km))
+                          : _mm512_setzero_si512();
+        transpose_16x16(r);
+        for (int j = 0; j < m; ++j) _mm512_store_ps(wt[kb + j], _mm512_castsi512_ps(r[j]));
+      }
+      for_token_blocks(n_tok, [&](auto T, int64_t t0) {
+        float_tokens<decltype(T)::value>(wt, kk, ab + size_t(t0) * a_stride + size_t(k0) * sizeof(float), a_stride,
+                                         y + t0 * ldy + r0, ldy, mask, k0 == 0);
+      });
+    }
+  }
+}
+
 }  // namespace
 
 namespace detail {
 
 void add_avx512_gemm(GemmFn* gemm) {
+  gemm[size_t(GgmlType::f16)] = gemm_float16<F16Weights>;
+  gemm[size_t(GgmlType::bf16)] = gemm_float16<Bf16Weights>;
   gemm[size_t(GgmlType::q4_k)] = gemm_q45K<block_q4_K, false>;
   gemm[size_t(GgmlType::q5_k)] = gemm_q45K<block_q5_K, true>;
   gemm[size_t(GgmlType::q6_k)] = gemm_q6K;
