@@ -30,22 +30,25 @@ inline float dot(const float* a, const float* b, int64_t n) {
 
 }  // namespace
 
+GgmlType CpuBackend::act_type(GgmlType weight_type) const {
+  return path_ == MatmulPath::exact ? GgmlType::f32 : quant_traits(weight_type).vec_dot_type;
+}
+
 size_t CpuBackend::act_row_bytes(GgmlType weight_type, int64_t n_in) const {
-  const GgmlType act = quant_traits(weight_type).vec_dot_type;
-  if (path_ == MatmulPath::exact || act == GgmlType::f32) return size_t(n_in) * sizeof(float);
-  return ggml_row_bytes(act, uint64_t(n_in));
+  const GgmlType act = act_type(weight_type);
+  return act == GgmlType::f32 ? size_t(n_in) * sizeof(float) : ggml_row_bytes(act, uint64_t(n_in));
 }
 
 void CpuBackend::prepare_row(GgmlType weight_type, const float* x, int64_t n_in, uint8_t* out) const {
-  const QuantTraits& qt = quant_traits(weight_type);
-  if (path_ == MatmulPath::exact || qt.vec_dot_type == GgmlType::f32) {
+  const GgmlType act = act_type(weight_type);
+  if (act == GgmlType::f32) {
     std::memcpy(out, x, size_t(n_in) * sizeof(float));
     return;
   }
-  STRATA_CHECK(n_in % int64_t(qt.block_size) == 0 &&
-                   n_in % int64_t(quant_traits(qt.vec_dot_type).block_size) == 0,
+  STRATA_CHECK(n_in % int64_t(quant_traits(weight_type).block_size) == 0 &&
+                   n_in % int64_t(quant_traits(act).block_size) == 0,
                "row length is not a whole number of blocks (the kernels do not check)");
-  const QuantizeRowFn quantize = cpu_kernels().quantize(qt.vec_dot_type);
+  const QuantizeRowFn quantize = cpu_kernels().quantize(act);
   STRATA_CHECK(quantize != nullptr, "vec_dot_type without a quantizer");
   quantize(x, out, n_in);
 }
@@ -101,7 +104,7 @@ void CpuBackend::matmul_batch(std::span<const MatmulOut> outs, const float* x, i
   for (size_t i = 0; i < outs.size(); ++i) {
     const Weight& w = *outs[i].w;
     STRATA_CHECK(w.n_in == outs[0].w->n_in, "a matmul batch shares one input");
-    const GgmlType f = path_ == MatmulPath::exact ? GgmlType::f32 : quant_traits(w.type).vec_dot_type;
+    const GgmlType f = act_type(w.type);
     auto it = std::find_if(prepared.begin(), prepared.end(), [f](const auto& p) { return p.first == f; });
     if (it == prepared.end()) {
       STRATA_CHECK(prepared.size() < std::size(bufs), "more than 4 activation formats in one matmul batch");

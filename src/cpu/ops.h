@@ -47,6 +47,9 @@ class CpuBackend {
   // rows may be prepared in parallel on compute_pool()). act_row_bytes: the size of one prepared
   // row.
   size_t act_row_bytes(GgmlType weight_type, int64_t n_in) const;
+  // The format activations take for weights of `weight_type`: f32 on the exact path or where the
+  // type's vec_dot takes floats, else its vec_dot_type (Q8_0 / Q8_K / ...).
+  GgmlType act_type(GgmlType weight_type) const;
   ActRows prepare(GgmlType weight_type, const float* x, int64_t n_tok, int64_t n_in,
                   std::vector<uint8_t>& buf) const;
   // One row of prepare, on the calling thread: out[0..act_row_bytes(weight_type, n_in)).

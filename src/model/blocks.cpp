@@ -174,8 +174,7 @@ void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const
 
   // h prepared once for gate (and for up when its activation format differs)
   const cpu::ActRows hg = be.prepare(g0.type, h, n_h, E, sc.hg);
-  const bool same_act = be.act_row_bytes(u0.type, E) == hg.row_bytes &&
-                        quant_traits(u0.type).vec_dot_type == quant_traits(g0.type).vec_dot_type;
+  const bool same_act = be.act_type(u0.type) == be.act_type(g0.type);
   const cpu::ActRows hu = same_act ? hg : be.prepare(u0.type, h, n_h, E, sc.hu);
 
   // each FFN's rows gathered: x (for gate), xu (for up); act: [n][F] float; ya: act prepared for
