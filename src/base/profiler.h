@@ -16,7 +16,7 @@ namespace strata::prof {
 // others do not overlap.
 enum class Part { attention, attention_core, router, experts, shared_ffn, output, count };
 inline constexpr std::array<std::string_view, size_t(Part::count)> kPartNames = {
-    "attention", "(of which QK/softmax/V", "router", "experts", "shared/dense ffn", "output head"};
+    "attention", "QK/softmax/V", "router", "experts", "shared/dense ffn", "output head"};
 inline constexpr bool nested(Part p) { return p == Part::attention_core; }
 
 struct Totals {

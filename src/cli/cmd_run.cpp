@@ -146,16 +146,23 @@ void print_profile(int n_tokens) {
   for (size_t p = 0; p < size_t(prof::Part::count); ++p)
     if (!prof::nested(prof::Part(p))) total += prof::g_totals.ns[p].load();
   if (total == 0) return;
-  std::string line = "           ";
+  // one field per part; a nested part goes inside the field of the part it belongs to
+  std::vector<std::string> fields;
   for (size_t p = 0; p < size_t(prof::Part::count); ++p) {
     const int64_t ns = prof::g_totals.ns[p].load();
     if (ns == 0) continue;
-    const bool in = prof::nested(prof::Part(p));
-    if (in) line.resize(line.size() - 2);  // "attention X ms (N%) (of which ... Y ms)": one field
-    line += strfmt(" %s %.2f ms%s |", std::string(prof::kPartNames[p]).c_str(), double(ns) / 1e6 / n_tokens,
-                   in ? ")" : strfmt(" (%.0f%%)", 100.0 * double(ns) / double(total)).c_str());
+    const std::string name(prof::kPartNames[p]);
+    const double ms = double(ns) / 1e6 / n_tokens;
+    if (prof::nested(prof::Part(p)) && !fields.empty())
+      fields.back() += strfmt(" (of which %s %.2f ms)", name.c_str(), ms);
+    else
+      fields.push_back(strfmt("%s %.2f ms (%.0f%%)", name.c_str(), ms, 100.0 * double(ns) / double(total)));
   }
-  line.pop_back();
+  std::string line = "           ";
+  for (size_t i = 0; i < fields.size(); ++i) {
+    line += i ? " | " : " ";
+    line += fields[i];
+  }
   std::printf("%s per token\n", line.c_str());
   prof::reset();
 }
