@@ -12,3 +12,5 @@ if(STRATA_BUILD_BENCH)
 endif()
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)  # tokenizer pre-splitting (Unicode classes)
 pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc)  # core topology; pins the compute threads
+pkg_check_modules(LIBURING REQUIRED IMPORTED_TARGET liburing)  # O_DIRECT reads of the NVMe tier (disk probe)
+pkg_check_modules(TOMLPP REQUIRED IMPORTED_TARGET tomlplusplus)  # configs (configs/*.toml)

@@ -94,19 +94,21 @@ Result<uint8_t*> read_into_ram(int fd, const std::string& path, size_t size, siz
   return dst;
 }
 
-// MemAvailable of /proc/meminfo in bytes; 0 when unknown.
-size_t available_memory() {
+}  // namespace
+
+SystemMemory system_memory() {
+  SystemMemory m;
   FILE* f = std::fopen("/proc/meminfo", "r");
-  if (f == nullptr) return 0;
+  if (f == nullptr) return m;
   char line[256];
   size_t kb = 0;
-  while (std::fgets(line, sizeof line, f) != nullptr)
-    if (std::sscanf(line, "MemAvailable: %zu kB", &kb) == 1) break;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::sscanf(line, "MemTotal: %zu kB", &kb) == 1) m.total = uint64_t(kb) * 1024;
+    if (std::sscanf(line, "MemAvailable: %zu kB", &kb) == 1) m.available = uint64_t(kb) * 1024;
+  }
   std::fclose(f);
-  return kb * 1024;
+  return m;
 }
-
-}  // namespace
 
 Result<MappedFile> MappedFile::open(const std::string& path, Mode mode) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -125,7 +127,7 @@ Result<MappedFile> MappedFile::open(const std::string& path, Mode mode) {
   f.path_ = path;
   f.size_ = static_cast<size_t>(st.st_size);
   if (mode == Mode::automatic)
-    mode = double(f.size_) < 0.8 * double(available_memory()) ? Mode::ram : Mode::mmap;
+    mode = double(f.size_) < 0.8 * double(system_memory().available) ? Mode::ram : Mode::mmap;
   f.mode_ = mode;
   if (f.size_ > 0 && mode == Mode::ram) {
     constexpr size_t kHuge = size_t(2) << 20;

@@ -15,6 +15,13 @@
 
 namespace strata {
 
+// Installed and currently available memory (/proc/meminfo MemTotal, MemAvailable); 0 when unknown.
+struct SystemMemory {
+  uint64_t total = 0;
+  uint64_t available = 0;
+};
+SystemMemory system_memory();
+
 class MappedFile {
  public:
   MappedFile() = default;

@@ -9,7 +9,7 @@
 #include <random>
 
 #include "cli/commands.h"
-#include "cpu/thread_pool.h"
+#include "cli/common.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
@@ -21,13 +21,11 @@ namespace strata::cli {
 namespace {
 
 struct ChatCliOptions {
-  std::string model = STRATA_DEFAULT_MODEL;
+  CommonOptions common;
   std::string system;
   std::string template_name;  // overrides the GGUF's template
   bool raw = false;
   bool no_think = false;
-  int ctx = 4096;
-  int threads = 0;
   GenerateOptions gen{.n_predict = 512};
   SamplerParams sampling{.temperature = 0.7f, .top_k = 20, .top_p = 0.8f, .min_p = 0.0f,
                          .repeat_penalty = 1.0f, .penalty_last_n = 64, .seed = 0};
@@ -39,10 +37,9 @@ int fail(const std::string& m) {
 }
 
 int run_chat(ChatCliOptions o) {
-  if (o.threads > 0) cpu::set_compute_threads(o.threads);
-  auto model = Model::load(o.model);
-  if (!model) return fail(model.error().message);
-  const Model& m = **model;
+  auto loaded = load_model(o.common, "strata chat");
+  if (!loaded) return fail(loaded.error().message);
+  const Model& m = *loaded->model;
   auto tok = Tokenizer::from_gguf(m.file());
   if (!tok) return fail(tok.error().message);
 
@@ -61,12 +58,13 @@ int run_chat(ChatCliOptions o) {
     if (!f) return fail(f.error().message);
     format = *f;
   }
-  const int ctx = std::min(o.ctx, m.hparams().n_ctx_train > 0 ? m.hparams().n_ctx_train : o.ctx);
+  // a chat allocates its whole context up front: 4096 positions unless model.ctx says otherwise
+  const int ctx = int(context_limit(m, loaded->config, 4096));
   Session session(m, ctx);
   o.sampling.seed = std::random_device{}();
   Sampler sampler(o.sampling);
   std::fprintf(stderr, "strata chat: %s, template %s, context %d; an empty line or end of input ends the chat\n",
-               o.model.c_str(), chat_format_name(format).data(), ctx);
+               loaded->config.model_path.c_str(), chat_format_name(format).data(), ctx);
 
   std::vector<ChatMessage> messages;
   if (!o.system.empty()) messages.push_back({"system", o.system});
@@ -111,14 +109,12 @@ int run_chat(ChatCliOptions o) {
 Runner add_chat_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("chat", "interactive multi-turn chat with the model's chat template");
   auto o = std::make_shared<ChatCliOptions>();
-  sub->add_option("-m,--model", o->model, "GGUF model (default: the bundled tiny qwen3moe)");
+  add_common(sub, o->common);
   sub->add_option("-s,--system", o->system, "system message");
   sub->add_option("--template", o->template_name, "chat format instead of the GGUF's: qwen3, chatml, deepseek3, harmony, raw");
   sub->add_flag("--raw", o->raw, "no template: turns are concatenated as raw text");
   sub->add_flag("--no-think", o->no_think, "qwen3: answer without a thinking block");
   sub->add_option("-n,--n-predict", o->gen.n_predict, "most tokens per reply")->check(CLI::PositiveNumber);
-  sub->add_option("-c,--ctx", o->ctx, "context length")->check(CLI::PositiveNumber);
-  sub->add_option("-t,--threads", o->threads, "CPU threads")->check(CLI::NonNegativeNumber);
   sub->add_option("--temp", o->sampling.temperature, "temperature (0: greedy)")->check(CLI::NonNegativeNumber);
   sub->add_option("--top-k", o->sampling.top_k, "top-k (0: off)");
   sub->add_option("--top-p", o->sampling.top_p, "top-p (1: off)")->check(CLI::Range(0.0f, 1.0f));

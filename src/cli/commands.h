@@ -16,5 +16,9 @@ Runner add_bench_command(CLI::App& app);
 Runner add_logits_command(CLI::App& app);
 Runner add_chat_command(CLI::App& app);
 Runner add_tokenize_command(CLI::App& app);
+Runner add_replay_command(CLI::App& app);
+Runner add_profile_command(CLI::App& app);
+Runner add_plan_command(CLI::App& app);
+Runner add_calibrate_command(CLI::App& app);
 
 }  // namespace strata::cli

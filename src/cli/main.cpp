@@ -19,9 +19,6 @@ struct Planned {
 // whole tool, and they fail with a clear message instead of pretending.
 constexpr Planned kPlanned[] = {
     {"serve", "OpenAI-compatible HTTP server", "#9 (server)"},
-    {"profile", "split each token's time into CPU, GPU, PCIe and NVMe", "#8 (profiler)"},
-    {"plan", "predict speed and placement for a model on this box", "#8 (planner)"},
-    {"calibrate", "measure DRAM, NVMe, PCIe bandwidth and CPU throughput", "#8 (calibration)"},
 };
 
 }  // namespace
@@ -47,6 +44,10 @@ int main(int argc, char** argv) {
       {"logits", strata::cli::add_logits_command},
       {"chat", strata::cli::add_chat_command},
       {"tokenize", strata::cli::add_tokenize_command},
+      {"replay", strata::cli::add_replay_command},
+      {"profile", strata::cli::add_profile_command},
+      {"plan", strata::cli::add_plan_command},
+      {"calibrate", strata::cli::add_calibrate_command},
   };
   for (const auto& [name, add] : built) {
     strata::cli::Runner r = add(app);

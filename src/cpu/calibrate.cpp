@@ -70,18 +70,12 @@ double measure_read_gbps(ThreadPool& pool, size_t bytes, int passes) {
   return best;
 }
 
-double measure_int8_peak_gops(ThreadPool& pool) {
-  const CpuIsa isa = cpu_kernels().isa;
-  if (isa == CpuIsa::scalar) return 0;
-  auto loop = [isa](long iters) {
-#if STRATA_X86_KERNELS
-    return isa == CpuIsa::avx512 ? detail::int8_loop_avx512(iters) : detail::int8_loop_avx2(iters);
-#else
-    (void)isa;
-    (void)iters;
-    return 0.0;
-#endif
-  };
+namespace {
+
+// The multiply-adds per second of `loop` (a register-only probe: long iters -> multiply-adds done)
+// on all threads of `pool` together: the run sized to ~50 ms on one thread, best of three runs.
+template <class Loop>
+double peak_multiply_adds_per_second(ThreadPool& pool, Loop loop) {
   // size the run to ~50 ms on one thread
   long iters = 1 << 16;
   for (;;) {
@@ -106,9 +100,76 @@ double measure_int8_peak_gops(ThreadPool& pool) {
       while (!macs.compare_exchange_weak(cur, cur + m)) {
       }
     });
-    best = std::max(best, 2.0 * macs.load() / seconds_since(t0) / 1e9);
+    best = std::max(best, macs.load() / seconds_since(t0));
   }
   return best;
+}
+
+enum class FloatPeakLoop { none, bf16_avx512, f32_avx512, f32_avx2 };
+
+// The loop the bf16 probe runs here: what the start-up kernel table allows, and vdpbf16ps only
+// where cpuid says AVX512_BF16.
+FloatPeakLoop float_peak_loop() {
+  switch (cpu_kernels().isa) {
+    case CpuIsa::scalar:
+      return FloatPeakLoop::none;
+    case CpuIsa::avx2:
+      return FloatPeakLoop::f32_avx2;
+    case CpuIsa::avx512:
+#if STRATA_X86_KERNELS
+      return __builtin_cpu_supports("avx512bf16") ? FloatPeakLoop::bf16_avx512 : FloatPeakLoop::f32_avx512;
+#else
+      return FloatPeakLoop::f32_avx512;
+#endif
+  }
+  return FloatPeakLoop::none;
+}
+
+}  // namespace
+
+double measure_int8_peak_gops(ThreadPool& pool) {
+  const CpuIsa isa = cpu_kernels().isa;
+  if (isa == CpuIsa::scalar) return 0;
+  auto loop = [isa](long iters) {
+#if STRATA_X86_KERNELS
+    return isa == CpuIsa::avx512 ? detail::int8_loop_avx512(iters) : detail::int8_loop_avx2(iters);
+#else
+    (void)isa;
+    (void)iters;
+    return 0.0;
+#endif
+  };
+  return 2.0 * peak_multiply_adds_per_second(pool, loop) / 1e9;
+}
+
+double measure_bf16_peak_gflops(ThreadPool& pool) {
+  const FloatPeakLoop kind = float_peak_loop();
+  if (kind == FloatPeakLoop::none) return 0;
+  auto loop = [kind](long iters) {
+#if STRATA_X86_KERNELS
+    switch (kind) {
+      case FloatPeakLoop::bf16_avx512: return detail::bf16_loop_avx512(iters);
+      case FloatPeakLoop::f32_avx512: return detail::f32_fma_loop_avx512(iters);
+      case FloatPeakLoop::f32_avx2: return detail::f32_fma_loop_avx2(iters);
+      case FloatPeakLoop::none: break;
+    }
+#else
+    (void)kind;
+    (void)iters;
+#endif
+    return 0.0;
+  };
+  return 2.0 * peak_multiply_adds_per_second(pool, loop) / 1e9;
+}
+
+std::string_view bf16_peak_method() {
+  switch (float_peak_loop()) {
+    case FloatPeakLoop::bf16_avx512: return "bf16 vdpbf16ps zmm (AVX512_BF16)";
+    case FloatPeakLoop::f32_avx512: return "f32 vfmadd231ps zmm (no AVX512_BF16)";
+    case FloatPeakLoop::f32_avx2: return "f32 vfmadd231ps ymm (AVX2)";
+    case FloatPeakLoop::none: break;
+  }
+  return "none (scalar kernels)";
 }
 
 }  // namespace strata::cpu

@@ -1,9 +1,10 @@
 // Measurements of this machine's limits, the denominators of every "fraction of the limit" strata
-// reports (strata bench, the kernel benchmarks): streaming DRAM read bandwidth and the int8
-// dot-product peak of the CPU threads.
+// reports (strata bench, the kernel benchmarks): streaming DRAM read bandwidth and the int8 and
+// bf16 dot-product peaks of the CPU threads. (Disk read bandwidth: storage/disk_probe.h.)
 #pragma once
 
 #include <cstddef>
+#include <string_view>
 
 #include "cpu/thread_pool.h"
 
@@ -19,10 +20,27 @@ double measure_read_gbps(ThreadPool& pool, size_t bytes = size_t(512) << 20, int
 // on every thread, whichever the start-up kernel table uses; best of three runs of ~50 ms.
 double measure_int8_peak_gops(ThreadPool& pool);
 
+// The bf16 multiply-accumulate peak of all threads of `pool` in GFLOP/s (one multiply-add = 2
+// flops): a register-only loop of independent vdpbf16ps (AVX512_BF16: 32 bf16 multiply-adds into
+// 16 float lanes per instruction) on every thread; best of three runs of ~50 ms. Where AVX512_BF16
+// is missing, or the start-up kernel table is below AVX-512 (STRATA_ISA), the float FMA peak
+// instead (vfmadd231ps on zmm, or on ymm for AVX2); 0 on the scalar path. bf16_peak_method() says
+// which was measured.
+double measure_bf16_peak_gflops(ThreadPool& pool);
+
+// What measure_bf16_peak_gflops measures on this CPU with the start-up kernel table:
+// "bf16 vdpbf16ps zmm (AVX512_BF16)", "f32 vfmadd231ps zmm (no AVX512_BF16)",
+// "f32 vfmadd231ps ymm (AVX2)" or "none (scalar kernels)".
+std::string_view bf16_peak_method();
+
 namespace detail {
-// `iters` iterations of the ISA's register-only int8 loop; returns the int8 multiply-adds done.
+// `iters` iterations of the ISA's register-only loop; each returns the multiply-adds done (int8,
+// bf16 or float ones).
 double int8_loop_avx512(long iters);
 double int8_loop_avx2(long iters);
+double bf16_loop_avx512(long iters);  // needs AVX512_BF16 (checked by the caller)
+double f32_fma_loop_avx512(long iters);
+double f32_fma_loop_avx2(long iters);
 }  // namespace detail
 
 }  // namespace strata::cpu

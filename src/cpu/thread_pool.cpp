@@ -149,6 +149,7 @@ int physical_cores() {
 namespace {
 
 std::atomic<int> g_requested_threads{0};
+std::atomic<bool> g_requested_pin{true};
 std::atomic<bool> g_pool_created{false};
 
 }  // namespace
@@ -159,12 +160,17 @@ void set_compute_threads(int n) {
   g_requested_threads.store(n);
 }
 
+void set_compute_pin(bool pin) {
+  STRATA_CHECK(!g_pool_created.load(), "set_compute_pin after the compute pool started");
+  g_requested_pin.store(pin);
+}
+
 ThreadPool& compute_pool() {
   static ThreadPool pool = [] {
     g_pool_created.store(true);
     const int requested = g_requested_threads.load();
     const char* pin_env = std::getenv("STRATA_PIN");
-    const bool pin = !(pin_env != nullptr && std::strcmp(pin_env, "0") == 0);
+    const bool pin = g_requested_pin.load() && !(pin_env != nullptr && std::strcmp(pin_env, "0") == 0);
     return ThreadPool(requested > 0 ? requested : physical_cores(), pin);
   }();
   return pool;

@@ -79,10 +79,13 @@ class ThreadPool {
 };
 
 // The pool the forward pass uses. Created at first use with set_compute_threads()'s count, or one
-// thread per physical core; pinned unless STRATA_PIN=0.
+// thread per physical core; pinned unless set_compute_pin(false) or STRATA_PIN=0.
 ThreadPool& compute_pool();
 // Sets the thread count of compute_pool(); only before its first use (checked). n >= 1.
 void set_compute_threads(int n);
+// Whether compute_pool() pins its threads (default yes; STRATA_PIN=0 in the environment always
+// unpins). Only before its first use (checked).
+void set_compute_pin(bool pin);
 // Physical cores of this machine (hwloc), at least 1.
 int physical_cores();
 

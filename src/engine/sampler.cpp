@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cmath>
 
+#include "base/profiler.h"
 #include "engine/session.h"
 
 namespace strata {
 
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  prof::Span span(prof::Part::sample);
   if (p_.repeat_penalty != 1.0f && !history.empty() && p_.penalty_last_n != 0) {
     penalized_.assign(logits.begin(), logits.end());
     const size_t n = p_.penalty_last_n < 0 ? history.size()

@@ -8,6 +8,7 @@
 // W_vb[h] (sum_j p_j c_j).
 #include <vector>
 
+#include "base/profiler.h"
 #include "cpu/thread_pool.h"
 #include "model/blocks.h"
 #include "model/forward.h"
@@ -77,35 +78,50 @@ void forward_deepseek2(const Model& m, const cpu::CpuBackend& be, KvCache& cache
     const LayerWeights& l = m.layers[size_t(il)];
 
     // attention (MLA)
-    rms_norm_rows(x.data(), l.attn_norm, n_tok, E, hp.eps, h.data());
-    if (hp.q_lora_rank > 0) {
-      const int64_t Q = hp.q_lora_rank;
-      be.matmul(l.wq_a, h.data(), n_tok, qa.data());
-      rms_norm_rows(qa.data(), l.q_a_norm, n_tok, Q, hp.eps, qa.data());
-      be.matmul(l.wq_b, qa.data(), n_tok, q.data());
-    } else {
-      be.matmul(l.wq, h.data(), n_tok, q.data());
+    {
+      prof::Span span(prof::Part::attention, il);
+      rms_norm_rows(x.data(), l.attn_norm, n_tok, E, hp.eps, h.data());
+      if (hp.q_lora_rank > 0) {
+        const int64_t Q = hp.q_lora_rank;
+        be.matmul(l.wq_a, h.data(), n_tok, qa.data());
+        rms_norm_rows(qa.data(), l.q_a_norm, n_tok, Q, hp.eps, qa.data());
+        be.matmul(l.wq_b, qa.data(), n_tok, q.data());
+      } else {
+        be.matmul(l.wq, h.data(), n_tok, q.data());
+      }
+      be.matmul(l.wkv_a_mqa, h.data(), n_tok, kv.data());
+      for (int64_t t = 0; t < n_tok; ++t) {
+        float* kvt = &kv[t * (R + ROPE)];
+        cpu::rms_norm(kvt, f32(l.kv_a_norm), R, hp.eps, kvt);              // latent c
+        cpu::rope(kvt + R, 1, int(ROPE), pos0 + t, hp.rope);               // k_pe
+        for (int64_t i = 0; i < H; ++i) cpu::rope(&q[(t * H + i) * QK + hp.qk_nope], 1, int(ROPE), pos0 + t, hp.rope);
+        std::copy_n(kvt, R + ROPE, cache.k_row(il, pos0 + t));
+      }
+      mla_attention(be, hp, l, cache, il, q.data(), n_tok, pos0, attn.data());
+      be.matmul(l.wo, attn.data(), n_tok, y.data());
+      cpu::add(x.data(), y.data(), n_tok * E);  // residual
     }
-    be.matmul(l.wkv_a_mqa, h.data(), n_tok, kv.data());
-    for (int64_t t = 0; t < n_tok; ++t) {
-      float* kvt = &kv[t * (R + ROPE)];
-      cpu::rms_norm(kvt, f32(l.kv_a_norm), R, hp.eps, kvt);              // latent c
-      cpu::rope(kvt + R, 1, int(ROPE), pos0 + t, hp.rope);               // k_pe
-      for (int64_t i = 0; i < H; ++i) cpu::rope(&q[(t * H + i) * QK + hp.qk_nope], 1, int(ROPE), pos0 + t, hp.rope);
-      std::copy_n(kvt, R + ROPE, cache.k_row(il, pos0 + t));
-    }
-    mla_attention(be, hp, l, cache, il, q.data(), n_tok, pos0, attn.data());
-    be.matmul(l.wo, attn.data(), n_tok, y.data());
-    cpu::add(x.data(), y.data(), n_tok * E);  // residual
 
     // feed-forward: dense, or routed experts + shared experts
-    rms_norm_rows(x.data(), l.ffn_norm, n_tok, E, hp.eps, h.data());
     if (!l.is_moe()) {
+      prof::Span span(prof::Part::shared_ffn, il);
+      rms_norm_rows(x.data(), l.ffn_norm, n_tok, E, hp.eps, h.data());
       swiglu_ffn(be, l.ffn_gate, l.ffn_up, l.ffn_down, h.data(), n_tok, nullptr, false, y.data());
     } else {
-      const Routing routing = route(be, hp, l, h.data(), n_tok);
-      moe_ffn(be, l, routing, h.data(), n_tok, E, y.data());
-      if (l.gate_shexp) swiglu_ffn(be, l.gate_shexp, l.up_shexp, l.down_shexp, h.data(), n_tok, nullptr, true, y.data());
+      Routing routing;
+      {
+        prof::Span span(prof::Part::router, il);
+        rms_norm_rows(x.data(), l.ffn_norm, n_tok, E, hp.eps, h.data());
+        routing = route(be, hp, l, h.data(), n_tok);
+      }
+      {
+        prof::Span span(prof::Part::experts, il);
+        moe_ffn(be, l, routing, h.data(), n_tok, E, y.data());
+      }
+      if (l.gate_shexp) {
+        prof::Span span(prof::Part::shared_ffn, il);
+        swiglu_ffn(be, l.gate_shexp, l.up_shexp, l.down_shexp, h.data(), n_tok, nullptr, true, y.data());
+      }
     }
     cpu::add(x.data(), y.data(), n_tok * E);  // residual
   }

@@ -4,6 +4,7 @@
 // biases and the clamped swiglu_oai). See ../shared/fixtures/README.md (gpt-oss).
 #include <vector>
 
+#include "base/profiler.h"
 #include "model/blocks.h"
 #include "model/forward.h"
 
@@ -21,14 +22,24 @@ void forward_gpt_oss(const Model& m, const cpu::CpuBackend& be, KvCache& cache,
     const LayerWeights& l = m.layers[size_t(il)];
 
     // attention: q, k, v with biases; RoPE; sinks; a sliding window on the even layers
-    rms_norm_rows(x.data(), l.attn_norm, n_tok, E, hp.eps, h.data());
-    gqa_attention(be, hp, l, cache, il, h.data(), n_tok, pos0, y.data());
-    cpu::add(x.data(), y.data(), n_tok * E);  // residual
+    {
+      prof::Span span(prof::Part::attention, il);
+      rms_norm_rows(x.data(), l.attn_norm, n_tok, E, hp.eps, h.data());
+      gqa_attention(be, hp, l, cache, il, h.data(), n_tok, pos0, y.data());
+      cpu::add(x.data(), y.data(), n_tok * E);  // residual
+    }
 
     // routed experts (biased router, softmax over the chosen, biased swiglu_oai experts)
-    rms_norm_rows(x.data(), l.ffn_norm, n_tok, E, hp.eps, h.data());
-    const Routing routing = route(be, hp, l, h.data(), n_tok);
-    moe_ffn(be, l, routing, h.data(), n_tok, E, y.data(), hp.expert_glu);
+    Routing routing;
+    {
+      prof::Span span(prof::Part::router, il);
+      rms_norm_rows(x.data(), l.ffn_norm, n_tok, E, hp.eps, h.data());
+      routing = route(be, hp, l, h.data(), n_tok);
+    }
+    {
+      prof::Span span(prof::Part::experts, il);
+      moe_ffn(be, l, routing, h.data(), n_tok, E, y.data(), hp.expert_glu);
+    }
     cpu::add(x.data(), y.data(), n_tok * E);  // residual
   }
   output_head(m, be, x.data(), n_tok, all_logits, logits);

@@ -23,7 +23,7 @@ void forward_gqa_moe(const Model& m, const cpu::CpuBackend& be, KvCache& cache, 
 
     // attention
     {
-      prof::Span span(prof::Part::attention);
+      prof::Span span(prof::Part::attention, il);
       rms_norm_rows(x.data(), l.attn_norm, n_tok, E, hp.eps, h.data());
       gqa_attention(be, hp, l, cache, il, h.data(), n_tok, pos0, y.data());
       cpu::add(x.data(), y.data(), n_tok * E);  // residual
@@ -32,16 +32,16 @@ void forward_gqa_moe(const Model& m, const cpu::CpuBackend& be, KvCache& cache, 
     // routed experts (+ shared expert)
     Routing routing;
     {
-      prof::Span span(prof::Part::router);
+      prof::Span span(prof::Part::router, il);
       rms_norm_rows(x.data(), l.ffn_norm, n_tok, E, hp.eps, h.data());
       routing = route(be, hp, l, h.data(), n_tok);
     }
     {
-      prof::Span span(prof::Part::experts);
+      prof::Span span(prof::Part::experts, il);
       moe_ffn(be, l, routing, h.data(), n_tok, E, y.data());
     }
     if (l.gate_shexp) {
-      prof::Span span(prof::Part::shared_ffn);
+      prof::Span span(prof::Part::shared_ffn, il);
       std::vector<float> gate(size_t(n_tok), 1.0f);
       if (l.gate_inp_shexp) {
         for (int64_t t = 0; t < n_tok; ++t) {
@@ -54,11 +54,11 @@ void forward_gqa_moe(const Model& m, const cpu::CpuBackend& be, KvCache& cache, 
     }
     cpu::add(x.data(), y.data(), n_tok * E);  // residual
   }
-  prof::Span span(prof::Part::output);
   output_head(m, be, x.data(), n_tok, all_logits, logits);
 }
 
 void output_head(const Model& m, const cpu::CpuBackend& be, const float* x, int64_t n_tok, bool all_logits, float* logits) {
+  prof::Span span(prof::Part::output);
   const int64_t E = m.hparams().n_embd;
   const int64_t first = all_logits ? 0 : n_tok - 1;
   const int64_t n = n_tok - first;

@@ -377,6 +377,7 @@ void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const fl
 }
 
 void embed(const Model& m, const int32_t* tokens, int64_t n_tok, float* x) {
+  prof::Span span(prof::Part::embed);
   const int64_t E = m.hparams().n_embd;
   for (int64_t t = 0; t < n_tok; ++t) cpu::get_row(m.tok_embd, tokens[t], x + t * E);
 }

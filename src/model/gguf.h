@@ -127,12 +127,17 @@ class GgufFile {
   // Validates bytes held by the caller, who keeps them alive as long as the GgufFile. `name` is
   // used in messages.
   static Result<GgufFile> parse(std::span<const uint8_t> bytes, std::string name = "<memory>");
+  // Validates only the header, metadata and tensor infos of a file of `file_size` bytes whose data
+  // section is not at hand (planning for a model described by its header, e.g. a synthetic shape).
+  // Everything but tensor_data() works; tensor_data() is a programming error (checked).
+  static Result<GgufFile> parse_header(std::span<const uint8_t> header, uint64_t file_size,
+                                       std::string name);
 
   const std::string& name() const { return name_; }
   uint32_t version() const { return version_; }
   uint32_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }  // file offset of the data section
-  uint64_t file_size() const { return bytes_.size(); }
+  uint64_t file_size() const { return header_only_ ? declared_size_ : bytes_.size(); }
 
   const std::vector<GgufKv>& kvs() const { return kvs_; }
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
@@ -141,6 +146,7 @@ class GgufFile {
   const GgufTensorInfo* find_tensor(std::string_view name) const;
   // The tensor's bytes, inside the file by construction.
   std::span<const uint8_t> tensor_data(const GgufTensorInfo& t) const {
+    STRATA_CHECK(!header_only_, "tensor_data() of a header-only GgufFile");
     return bytes_.subspan(data_offset_ + t.offset, t.n_bytes);
   }
 
@@ -158,7 +164,10 @@ class GgufFile {
   Result<std::optional<std::vector<double>>> get_number_array(std::string_view key) const;
 
  private:
+  static Result<GgufFile> parse_impl(std::span<const uint8_t> bytes, uint64_t file_size, std::string name);
   std::shared_ptr<MappedFile> map_;  // null when parsing caller-owned bytes
+  bool header_only_ = false;
+  uint64_t declared_size_ = 0;
 
  public:
   // How the file's bytes came into memory (mmap for caller-owned bytes).

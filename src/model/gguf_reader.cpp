@@ -178,6 +178,19 @@ Result<GgufFile> GgufFile::open(const std::string& path, MappedFile::Mode mode) 
 }
 
 Result<GgufFile> GgufFile::parse(std::span<const uint8_t> bytes, std::string name) {
+  return parse_impl(bytes, bytes.size(), std::move(name));
+}
+
+Result<GgufFile> GgufFile::parse_header(std::span<const uint8_t> header, uint64_t file_size, std::string name) {
+  auto f = parse_impl(header, std::max<uint64_t>(file_size, header.size()), std::move(name));
+  if (f) {
+    f->header_only_ = true;
+    f->declared_size_ = std::max<uint64_t>(file_size, header.size());
+  }
+  return f;
+}
+
+Result<GgufFile> GgufFile::parse_impl(std::span<const uint8_t> bytes, uint64_t file_size, std::string name) {
   GgufFile f;
   f.bytes_ = bytes;
   f.name_ = std::move(name);
@@ -315,12 +328,12 @@ Result<GgufFile> GgufFile::parse(std::span<const uint8_t> bytes, std::string nam
   // data section: starts at the next multiple of the alignment
   const uint64_t end_of_infos = c.pos();
   f.data_offset_ = (end_of_infos + f.alignment_ - 1) / f.alignment_ * f.alignment_;
-  if (f.data_offset_ > bytes.size() && !f.tensors_.empty()) {
+  if (f.data_offset_ > file_size && !f.tensors_.empty()) {
     return Error{strfmt("%s: truncated: data section would start at offset %" PRIu64
-                        " but the file has %zu bytes",
-                        file.c_str(), f.data_offset_, bytes.size())};
+                        " but the file has %" PRIu64 " bytes",
+                        file.c_str(), f.data_offset_, file_size)};
   }
-  const uint64_t data_size = bytes.size() > f.data_offset_ ? bytes.size() - f.data_offset_ : 0;
+  const uint64_t data_size = file_size > f.data_offset_ ? file_size - f.data_offset_ : 0;
   for (const GgufTensorInfo& t : f.tensors_) {
     uint64_t end;
     if (__builtin_add_overflow(t.offset, t.n_bytes, &end) || end > data_size) {

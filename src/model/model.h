@@ -116,6 +116,12 @@ class Model {
   HParams hp_;
 };
 
+// The hyperparameters of a GGUF's metadata alone (no tensor is read: works on header-only files).
+Result<HParams> hparams_from_gguf(const GgufFile& f);
+// Bytes the KV cache holds per position of context, all layers (float entries, as KvCache keeps
+// them).
+uint64_t kv_bytes_per_token(const HParams& hp);
+
 // The vector of an F32 weight (norms, biases).
 inline const float* f32(const Weight& w) { return reinterpret_cast<const float*>(w.data); }
 

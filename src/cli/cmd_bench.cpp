@@ -1,0 +1,215 @@
+// strata bench: prefill and decode speed, as a table like llama-bench's. Without -p / -n it runs
+// the standard sweep: prompt 512 and 4096 (pp), decode 128 (tg). Each test runs in a fresh session
+// (after --depth tokens of context) on random tokens, --reps times; the table gives the mean and
+// standard deviation of tok/s and compares each test with the machine's limit measured just
+// before it (DRAM roofline for decode, int8 peak for prefill: shared machines drift).
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+
+#include "base/profiler.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "cpu/calibrate.h"
+#include "cpu/kernels.h"
+#include "cpu/thread_pool.h"
+#include "engine/session.h"
+
+namespace strata::cli {
+namespace {
+
+struct BenchOptions {
+  CommonOptions common;
+  std::vector<int> n_prompt;  // empty (with n_gen empty): the standard sweep
+  std::vector<int> n_gen;
+  int depth = 0;
+  int reps = 3;
+  bool profile = false;
+  bool json = false;
+};
+
+struct Test {
+  bool prefill = true;
+  int n = 0;
+  std::string name() const { return strfmt("%s%d", prefill ? "pp" : "tg", n); }
+};
+
+struct TestResult {
+  Test test;
+  std::vector<double> tok_per_s;
+  double limit_fraction = 0;  // of the probe taken before the last repetition
+  std::string limit_text;
+  std::string profile_text;
+};
+
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / double(v.size());
+}
+double stddev(const std::vector<double>& v) {
+  if (v.size() < 2) return 0;
+  const double m = mean(v);
+  double s = 0;
+  for (double x : v) s += (x - m) * (x - m);
+  return std::sqrt(s / double(v.size() - 1));
+}
+
+// The last run's time by part of the forward pass, per token, on one line.
+std::string profile_line(int n_tokens) {
+  int64_t total = 0;
+  for (size_t p = 0; p < size_t(prof::Part::count); ++p)
+    if (!prof::nested(prof::Part(p))) total += prof::g_totals.ns[p].load();
+  if (total == 0) return "";
+  std::vector<std::string> fields;
+  for (size_t p = 0; p < size_t(prof::Part::count); ++p) {
+    const int64_t ns = prof::g_totals.ns[p].load();
+    if (ns == 0) continue;
+    const std::string name(prof::kPartNames[p]);
+    const double ms = double(ns) / 1e6 / n_tokens;
+    if (prof::nested(prof::Part(p)) && !fields.empty())
+      fields.back() += strfmt(" (of which %s %.2f ms)", name.c_str(), ms);
+    else
+      fields.push_back(strfmt("%s %.2f ms (%.0f%%)", name.c_str(), ms, 100.0 * double(ns) / double(total)));
+  }
+  std::string line;
+  for (size_t i = 0; i < fields.size(); ++i) line += (i ? " | " : "") + fields[i];
+  return line + " per token";
+}
+
+int fail(const std::string& m) {
+  std::fprintf(stderr, "strata bench: %s\n", m.c_str());
+  return 1;
+}
+
+int run_bench(const BenchOptions& o) {
+  auto loaded = load_model(o.common, "strata bench");
+  if (!loaded) return fail(loaded.error().message);
+  const Model& m = *loaded->model;
+  const ModelSummary& sm = loaded->summary;
+  const int64_t ctx_limit = context_limit(m, loaded->config);
+  std::vector<Test> tests;
+  const bool sweep = o.n_prompt.empty() && o.n_gen.empty();
+  for (int n : sweep ? std::vector<int>{512, 4096} : o.n_prompt)
+    if (n > 0) tests.push_back({true, n});
+  for (int n : sweep ? std::vector<int>{128} : o.n_gen)
+    if (n > 0) tests.push_back({false, n});
+
+  cpu::ThreadPool& pool = cpu::compute_pool();
+  const std::string backend = "CPU " + std::string(cpu::isa_name());
+  const std::string model_name = sm.name.empty() ? sm.arch : sm.name;
+  const double params = double(sm.n_params) / 1e9;
+  std::mt19937 rng(1234);
+  std::vector<TestResult> results;
+  if (!o.json) {
+    std::printf("| %-28s | %10s | %8s | %-10s | %7s | %8s | %20s | %-34s |\n", "model", "size", "params", "backend",
+                "threads", "test", "t/s", "of the machine's limit");
+    std::printf("|%s|%s|%s|%s|%s|%s|%s|%s|\n", std::string(30, '-').c_str(), std::string(12, '-').c_str(),
+                std::string(10, '-').c_str(), std::string(12, '-').c_str(), std::string(9, '-').c_str(),
+                std::string(10, '-').c_str(), std::string(22, '-').c_str(), std::string(36, '-').c_str());
+  }
+  for (const Test& t : tests) {
+    TestResult r{t, {}, 0, "", ""};
+    const int64_t need = o.depth + t.n + 1;
+    if (need > ctx_limit) {
+      std::fprintf(stderr, "strata bench: %s skipped: %lld tokens exceed the context of %lld\n", t.name().c_str(),
+                   static_cast<long long>(need), static_cast<long long>(ctx_limit));
+      continue;
+    }
+    std::vector<int32_t> tokens(size_t(o.depth + t.n));
+    for (auto& id : tokens) id = int32_t(rng() % uint32_t(m.hparams().n_vocab));
+    for (int rep = 0; rep < o.reps; ++rep) {
+      Session s(m, int(need));
+      if (o.depth > 0) {
+        auto l = s.eval(std::span<const int32_t>(tokens.data(), size_t(o.depth)));
+        if (!l) return fail(l.error().message);
+      }
+      // the machine's limit just before the timed part
+      const double limit = t.prefill ? cpu::measure_int8_peak_gops(pool) : cpu::measure_read_gbps(pool);
+      prof::reset();
+      prof::enable(o.profile);
+      const auto t0 = std::chrono::steady_clock::now();
+      if (t.prefill) {
+        auto l = s.eval(std::span<const int32_t>(tokens.data() + o.depth, size_t(t.n)));
+        if (!l) return fail(l.error().message);
+      } else {
+        int32_t next = tokens[size_t(o.depth)];
+        for (int i = 0; i < t.n; ++i) {
+          auto l = s.eval(std::span<const int32_t>(&next, 1));
+          if (!l) return fail(l.error().message);
+          next = argmax(*l);
+        }
+      }
+      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      prof::enable(false);
+      r.tok_per_s.push_back(t.n / sec);
+      if (t.prefill) {
+        // 2 ops per weight per token; the output head runs for the last token only
+        const double out = double(sm.roles[int(TensorRole::output)].n_params);
+        const double gops = (2.0 * (double(sm.active_params_per_token) - out) * t.n + 2.0 * out) / sec / 1e9;
+        r.limit_fraction = limit > 0 ? gops / limit : 0;
+        r.limit_text = strfmt("%.0f GOP/s = %.2f of int8 peak %.0f", gops, r.limit_fraction, limit);
+      } else {
+        const double gbs = double(sm.active_bytes_per_token) * t.n / sec / 1e9;
+        r.limit_fraction = limit > 0 ? gbs / limit : 0;
+        r.limit_text = strfmt("%.1f GB/s = %.2f of DRAM %.1f GB/s", gbs, r.limit_fraction, limit);
+      }
+      if (o.profile) r.profile_text = profile_line(t.n);
+    }
+    if (!o.json) {
+      std::printf("| %-28s | %10s | %6.2f B | %-10s | %7d | %8s | %10.2f ± %7.2f | %-34s |\n", model_name.substr(0, 28).c_str(),
+                  format_size(sm.n_bytes).c_str(), params, backend.c_str(), pool.size(), t.name().c_str(), mean(r.tok_per_s),
+                  stddev(r.tok_per_s), r.limit_text.c_str());
+      if (o.profile) std::printf("    %s\n", r.profile_text.c_str());
+      std::fflush(stdout);
+    }
+    results.push_back(std::move(r));
+  }
+  if (o.json) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const TestResult& r : results) {
+      arr.push_back({{"model", model_name},
+                     {"model_path", loaded->config.model_path},
+                     {"size", sm.n_bytes},
+                     {"params", sm.n_params},
+                     {"backend", backend},
+                     {"threads", pool.size()},
+                     {"test", r.test.name()},
+                     {"n_prompt", r.test.prefill ? r.test.n : 0},
+                     {"n_gen", r.test.prefill ? 0 : r.test.n},
+                     {"n_depth", o.depth},
+                     {"avg_ts", mean(r.tok_per_s)},
+                     {"stddev_ts", stddev(r.tok_per_s)},
+                     {"samples_ts", r.tok_per_s},
+                     {"limit_fraction", r.limit_fraction},
+                     {"limit", r.limit_text}});
+    }
+    std::printf("%s\n", arr.dump(2).c_str());
+  } else {
+    std::printf("\ndecode roofline of this model: %s read per token\n", format_bytes(double(sm.active_bytes_per_token)).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner add_bench_command(CLI::App& app) {
+  CLI::App* sub = app.add_subcommand("bench", "prefill and decode speed (llama-bench style table); default sweep pp512, pp4096, tg128");
+  auto o = std::make_shared<BenchOptions>();
+  add_common(sub, o->common);
+  sub->add_option("-p,--n-prompt", o->n_prompt, "prompt lengths, prefilled in one batch (comma list)")
+      ->delimiter(',')->check(CLI::NonNegativeNumber);
+  sub->add_option("-n,--n-gen", o->n_gen, "decoded token counts (comma list)")->delimiter(',')->check(CLI::NonNegativeNumber);
+  sub->add_option("-d,--depth", o->depth, "tokens of context before each test")->check(CLI::NonNegativeNumber);
+  sub->add_option("-r,--reps", o->reps, "repetitions of each test (default 3)")->check(CLI::PositiveNumber);
+  sub->add_flag("--profile", o->profile, "print each test's time per token by part of the layer");
+  sub->add_flag("--json", o->json, "print the results as JSON");
+  return [o] { return run_bench(*o); };
+}
+
+}  // namespace strata::cli

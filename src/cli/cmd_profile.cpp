@@ -1,0 +1,246 @@
+// strata profile: run a standard prompt and decode, and say where each decoded token's time went:
+// by hardware link (CPU, GPU, PCIe, NVMe, idle), by part of the layer, by layer; bytes per token
+// and the bandwidth they were read at against the machine's calibrated limit. Writes a Chrome /
+// Perfetto trace and an SVG chart; --json prints the figures for machines.
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include "base/profiler.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "cpu/calibrate.h"
+#include "cpu/kernels.h"
+#include "cpu/thread_pool.h"
+#include "engine/profile_report.h"
+#include "engine/sampler.h"
+#include "engine/session.h"
+#include "model/tokenizer.h"
+
+namespace strata::cli {
+namespace {
+
+struct ProfileOptions {
+  CommonOptions common;
+  int n_prompt = 128;
+  int n_gen = 32;
+  std::string trace_path = "strata-profile.trace.json";
+  std::string svg_path = "strata-profile.svg";
+  bool json = false;
+};
+
+// The standard prompt: plain English, repeated to the length asked for.
+constexpr const char* kStandardText =
+    "The history of computing is a story of memory. Every generation of machines was limited less by "
+    "how fast it could calculate than by how fast it could move numbers from where they were stored "
+    "to where they were needed. Engineers learned to keep the data that is used most often close to "
+    "the processor, and to stream the rest in large, regular blocks. ";
+
+int fail(const std::string& m) {
+  std::fprintf(stderr, "strata profile: %s\n", m.c_str());
+  return 1;
+}
+
+Status write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return Error{"cannot write " + path};
+  out << text;
+  if (!out) return Error{"write to " + path + " failed"};
+  return {};
+}
+
+int run_profile(const ProfileOptions& o) {
+  auto loaded = load_model(o.common, "strata profile");
+  if (!loaded) return fail(loaded.error().message);
+  const Model& m = *loaded->model;
+  const ModelSummary& sm = loaded->summary;
+  const Config& config = loaded->config;
+  auto tok = Tokenizer::from_gguf(m.file());
+  if (!tok) return fail(tok.error().message);
+
+  // the machine's limits: the config's, else the calibration cache, else measured now
+  HardwareLimits limits = config.hardware;
+  std::string limits_source = "config";
+  auto cal = read_calibration(calibration_path());
+  if (!cal) return fail(cal.error().message);
+  if (cal->has_value()) {
+    fill_unknown(limits, (*cal)->limits);
+    limits_source = "calibrated " + (*cal)->date;
+  }
+  cpu::ThreadPool& pool = cpu::compute_pool();
+  if (limits.dram_gbps <= 0) {
+    limits.dram_gbps = cpu::measure_read_gbps(pool);
+    limits_source = "measured now (run strata calibrate to cache it)";
+  }
+
+  std::vector<TokenId> prompt;
+  while (int(prompt.size()) < o.n_prompt) {
+    auto ids = tok->tokenize(kStandardText, prompt.empty(), false);
+    prompt.insert(prompt.end(), ids.begin(), ids.end());
+  }
+  prompt.resize(size_t(o.n_prompt));
+  const int64_t need = o.n_prompt + o.n_gen;
+  if (need > context_limit(m, config)) {
+    return fail(strfmt("%d + %d tokens exceed the context of %lld", o.n_prompt, o.n_gen,
+                       static_cast<long long>(context_limit(m, config))));
+  }
+  Session session(m, int(need));
+  Sampler sampler(SamplerParams{.temperature = 0.0f});
+
+  prof::reset();
+  prof::enable(true);
+  const int64_t t_prefill = prof::now_ns();
+  auto l = session.eval(prompt);
+  if (!l) return fail(l.error().message);
+  const double prefill_s = double(prof::now_ns() - t_prefill) / 1e9;
+  std::vector<TokenId> history(prompt.begin(), prompt.end());
+  TokenId next = sampler.sample(*l, history);
+
+  // decode: only these steps are in the split
+  prof::reset();
+  prof::take_events();
+  prof::enable_tracing(!o.trace_path.empty());
+  std::vector<TokenMark> marks;
+  int64_t wall_ns = 0;
+  for (int i = 0; i < o.n_gen; ++i) {
+    const int64_t t0 = prof::now_ns();
+    history.push_back(next);
+    auto logits = session.eval(std::span<const TokenId>(&next, 1));
+    if (!logits) return fail(logits.error().message);
+    next = sampler.sample(*logits, history);
+    const int64_t dt = prof::now_ns() - t0;
+    wall_ns += dt;
+    marks.push_back({t0, dt, i});
+  }
+  prof::enable_tracing(false);
+  prof::enable(false);
+  const ProfileSnapshot snap = take_snapshot(m.hparams().n_layer);
+  const std::vector<prof::Event> events = prof::take_events();
+
+  const int n = std::max(o.n_gen, 1);
+  const double wall_s = double(wall_ns) / 1e9;
+  const double ms_per_token = double(wall_ns) / 1e6 / n;
+  const double spans_share = wall_ns > 0 ? double(snap.spans_ns()) / double(wall_ns) : 0.0;
+  // bytes the CPU reads per decoded token: the active weights, and the KV cache of the positions
+  // attended to (on average the middle of the decode)
+  const double kv_bytes = double(kv_bytes_per_token(m.hparams())) * (o.n_prompt + o.n_gen / 2.0);
+  const double weight_bytes = double(sm.active_bytes_per_token);
+  const double cpu_s = double(snap.link_ns[size_t(prof::Link::cpu)]) / 1e9 / n;
+  const double cpu_gbps = cpu_s > 0 ? (weight_bytes + kv_bytes) / cpu_s / 1e9 : 0.0;
+  const bool in_ram = m.file().load_mode() == MappedFile::Mode::ram;
+
+  std::string trace_note, svg_note;
+  if (!o.trace_path.empty()) {
+    if (Status s = write_text(o.trace_path, chrome_trace_json(events, marks)); !s) return fail(s.error().message);
+  }
+  const std::string title = strfmt("%s (%s), %d threads, %s: decode after %d prompt tokens", sm.name.empty() ? sm.arch.c_str() : sm.name.c_str(),
+                                   format_bytes(double(sm.n_bytes)).c_str(), pool.size(),
+                                   std::string(cpu::isa_name()).c_str(), o.n_prompt);
+  if (!o.svg_path.empty()) {
+    if (Status s = write_text(o.svg_path, layer_chart_svg(snap, n, title)); !s) return fail(s.error().message);
+  }
+
+  auto link_share = [&](prof::Link k) {
+    return wall_ns > 0 ? double(snap.link_ns[size_t(k)]) / double(wall_ns) : 0.0;
+  };
+  const double pcie = link_share(prof::Link::pcie_h2d) + link_share(prof::Link::pcie_d2h);
+  const double nvme = link_share(prof::Link::nvme_read) + link_share(prof::Link::nvme_wait);
+  const double idle = std::max(0.0, 1.0 - spans_share);
+
+  if (o.json) {
+    nlohmann::json j;
+    j["model"] = {{"path", config.model_path}, {"arch", sm.arch}, {"bytes", sm.n_bytes},
+                  {"active_bytes_per_token", sm.active_bytes_per_token}, {"n_layer", m.hparams().n_layer}};
+    j["machine"] = {{"threads", pool.size()}, {"isa", std::string(cpu::isa_name())},
+                    {"dram_gbps", limits.dram_gbps}, {"limits_source", limits_source}};
+    j["prefill"] = {{"tokens", o.n_prompt}, {"seconds", prefill_s}, {"tok_per_s", o.n_prompt / prefill_s}};
+    j["decode"] = {{"tokens", o.n_gen}, {"seconds", wall_s}, {"ms_per_token", ms_per_token},
+                   {"tok_per_s", wall_s > 0 ? o.n_gen / wall_s : 0.0}, {"spans_cover", spans_share}};
+    j["split"] = {{"cpu", link_share(prof::Link::cpu)}, {"gpu", link_share(prof::Link::gpu)}, {"pcie", pcie},
+                  {"nvme", nvme}, {"idle", idle}};
+    nlohmann::json parts = nlohmann::json::object();
+    for (size_t p = 0; p < size_t(prof::Part::count); ++p)
+      parts[std::string(prof::kPartNames[p])] = double(snap.part_ns[p]) / 1e6 / n;
+    j["ms_per_token_by_part"] = parts;
+    j["hits"] = {{"vram", nullptr}, {"ram", 1.0}, {"nvme", nullptr}};
+    j["bytes_per_token"] = {{"ram_to_cpu", weight_bytes + kv_bytes}, {"weights", weight_bytes}, {"kv_cache", kv_bytes},
+                            {"pcie", 0}, {"nvme", 0}, {"ram_gbps_achieved", cpu_gbps},
+                            {"ram_fraction_of_limit", limits.dram_gbps > 0 ? cpu_gbps / limits.dram_gbps : 0.0}};
+    nlohmann::json layers = nlohmann::json::array();
+    for (size_t li = 0; li < snap.layer_ns.size(); ++li) {
+      nlohmann::json row = nlohmann::json::object();
+      for (size_t p = 0; p < size_t(prof::Part::count); ++p)
+        if (snap.layer_ns[li][p] > 0) row[std::string(prof::kPartNames[p])] = double(snap.layer_ns[li][p]) / 1e6 / n;
+      layers.push_back(row);
+    }
+    j["ms_per_token_by_layer"] = layers;
+    j["files"] = {{"trace", o.trace_path}, {"chart", o.svg_path}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+
+  std::printf("%s\n", title.c_str());
+  std::printf("prefill  %d tokens in %.3f s = %.1f tok/s\n", o.n_prompt, prefill_s, o.n_prompt / prefill_s);
+  std::printf("decode   %d tokens in %.3f s = %.2f tok/s, %.3f ms per token\n", o.n_gen, wall_s,
+              wall_s > 0 ? o.n_gen / wall_s : 0.0, ms_per_token);
+  std::printf("\nsplit of decode time: CPU %.1f%% | GPU %.1f%% | PCIe %.1f%% | NVMe %.1f%% | idle %.1f%%\n",
+              100 * link_share(prof::Link::cpu), 100 * link_share(prof::Link::gpu), 100 * pcie, 100 * nvme,
+              100 * idle);
+  std::printf("  (this build has no GPU tier (#7) nor NVMe tier (#6): every span is CPU compute; idle is time "
+              "outside any span)\n");
+  std::printf("\nper token, by part:\n");
+  for (size_t p = 0; p < size_t(prof::Part::count); ++p) {
+    if (snap.part_calls[p] == 0) continue;
+    std::printf("  %-18s %9.3f ms %s\n", std::string(prof::kPartNames[p]).c_str(), double(snap.part_ns[p]) / 1e6 / n,
+                prof::nested(prof::Part(p)) ? "(inside attention)" : "");
+  }
+  std::printf("\nexpert hits per tier: VRAM - | RAM 100%% | NVMe - (%s)\n",
+              in_ram ? "all weights read into RAM" : "weights mapped: pages the kernel evicted come back from disk unseen");
+  std::printf("\nbytes per token, by link:\n");
+  std::printf("  RAM -> CPU  %s (weights %s + KV cache %s) at %.1f GB/s over CPU time = %.2f of DRAM %.1f GB/s (%s)\n",
+              format_bytes(weight_bytes + kv_bytes).c_str(), format_bytes(weight_bytes).c_str(),
+              format_bytes(kv_bytes).c_str(), cpu_gbps, limits.dram_gbps > 0 ? cpu_gbps / limits.dram_gbps : 0.0,
+              limits.dram_gbps, limits_source.c_str());
+  std::printf("  PCIe        0 B (no GPU tier)\n  NVMe        0 B (no NVMe tier)\n");
+
+  std::printf("\nper layer, ms per token (A attention, R router, E experts, S shared/dense ffn):\n");
+  double max_ms = 0;
+  for (size_t li = 0; li < snap.layer_ns.size(); ++li) max_ms = std::max(max_ms, double(snap.layer_total_ns(li)) / 1e6 / n);
+  const struct {
+    prof::Part part;
+    char c;
+  } bars[] = {{prof::Part::attention, 'A'}, {prof::Part::router, 'R'}, {prof::Part::experts, 'E'}, {prof::Part::shared_ffn, 'S'}};
+  for (size_t li = 0; li < snap.layer_ns.size(); ++li) {
+    const double total = double(snap.layer_total_ns(li)) / 1e6 / n;
+    std::string bar;
+    for (const auto& b : bars) {
+      const double ms = double(snap.layer_ns[li][size_t(b.part)]) / 1e6 / n;
+      bar.append(size_t(max_ms > 0 ? ms / max_ms * 60.0 + 0.5 : 0), b.c);
+    }
+    std::printf("  %3zu %8.3f %s\n", li, total, bar.c_str());
+  }
+  if (!o.trace_path.empty())
+    std::printf("\ntrace: %s (%zu spans; open in https://ui.perfetto.dev or chrome://tracing)\n", o.trace_path.c_str(), events.size());
+  if (!o.svg_path.empty()) std::printf("chart: %s\n", o.svg_path.c_str());
+  return 0;
+}
+
+}  // namespace
+
+Runner add_profile_command(CLI::App& app) {
+  CLI::App* sub = app.add_subcommand("profile", "where each decoded token's time goes: CPU, GPU, PCIe, NVMe, by part and layer");
+  auto o = std::make_shared<ProfileOptions>();
+  add_common(sub, o->common);
+  sub->add_option("-p,--n-prompt", o->n_prompt, "prompt tokens (the standard prompt, repeated)")->check(CLI::PositiveNumber);
+  sub->add_option("-n,--n-gen", o->n_gen, "decoded tokens profiled")->check(CLI::PositiveNumber);
+  sub->add_option("--trace", o->trace_path, "Chrome / Perfetto trace file (\"\": none)");
+  sub->add_option("--svg", o->svg_path, "per-layer chart (\"\": none)");
+  sub->add_flag("--json", o->json, "print the figures as JSON");
+  return [o] { return run_profile(*o); };
+}
+
+}  // namespace strata::cli

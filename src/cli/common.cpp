@@ -1,0 +1,88 @@
+#include "cli/common.h"
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+
+#include "cpu/thread_pool.h"
+#include "gpu/gpu_devices.h"
+
+namespace strata::cli {
+
+void add_common(CLI::App* sub, CommonOptions& o) {
+  sub->add_option("-c,--config", o.config_path, "TOML config (presets in configs/; keys in docs/config.md)");
+  sub->add_option("--set", o.sets, "override one config key, e.g. --set budgets.ram=16GiB (repeatable)");
+  sub->add_option("-m,--model", o.model, "GGUF model (default: model.path, else the bundled tiny qwen3moe)");
+  sub->add_option("-t,--threads", o.threads, "CPU threads (cpu.threads; default: all cores)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--ctx", o.ctx, "context length cap (model.ctx; default: the model's)")->check(CLI::PositiveNumber);
+  sub->add_option("--load", o.load,
+                  "weights into memory (model.load): ram (read into huge pages: faster decode), mmap (page "
+                  "cache: instant start), auto (default: ram when the file fits in 80% of available memory)")
+      ->check(CLI::IsMember({"auto", "ram", "mmap"}));
+}
+
+Result<Config> resolve_config(const CommonOptions& o) {
+  std::vector<ConfigOverride> overrides;
+  for (const std::string& s : o.sets) {
+    auto ov = parse_override(s);
+    if (!ov) return ov.error();
+    overrides.push_back(std::move(*ov));
+  }
+  // flags name keys too; they come last, so they win
+  auto quoted = [](const std::string& s) {
+    std::string q = "\"";
+    for (char ch : s) {
+      if (ch == '"' || ch == '\\') q += '\\';
+      q += ch;
+    }
+    return q + "\"";
+  };
+  if (o.model) overrides.push_back({"model.path", quoted(*o.model)});
+  if (o.threads) overrides.push_back({"cpu.threads", std::to_string(*o.threads)});
+  if (o.ctx) overrides.push_back({"model.ctx", std::to_string(*o.ctx)});
+  if (o.load) overrides.push_back({"model.load", quoted(*o.load)});
+  auto c = load_config(o.config_path, overrides);
+  if (!c) return c.error();
+  if (c->model_path.empty()) c->model_path = STRATA_DEFAULT_MODEL;
+  return c;
+}
+
+int64_t context_limit(const Model& m, const Config& c, int64_t fallback) {
+  int64_t ctx = m.hparams().n_ctx_train > 0 ? m.hparams().n_ctx_train : 4096;
+  if (c.ctx > 0) return std::min<int64_t>(ctx, c.ctx);
+  if (fallback > 0) return std::min<int64_t>(ctx, fallback);
+  return ctx;
+}
+
+Result<Loaded> load_model(const CommonOptions& o, const char* cmd) {
+  auto config = resolve_config(o);
+  if (!config) return config.error();
+  const Config& c = *config;
+  const auto t0 = std::chrono::steady_clock::now();
+  // the header alone (mapped, nothing read) says what the budgets must hold
+  auto header = GgufFile::open(c.model_path, MappedFile::Mode::mmap);
+  if (!header) return header.error();
+  auto s = summarize_model(*header);
+  if (!s) return s.error();
+  auto hp = hparams_from_gguf(*header);
+  if (!hp) return hp.error();
+  const int64_t ctx_for_budget = c.ctx > 0 ? std::min<int64_t>(c.ctx, std::max(hp->n_ctx_train, 1))
+                                           : std::min<int64_t>(4096, std::max(hp->n_ctx_train, 1));
+  const int n_gpus = c.vram_budget > 0 ? int(list_gpu_devices().devices.size()) : 0;
+  auto budget = check_budgets(c, *s, kv_bytes_per_token(*hp) * uint64_t(ctx_for_budget), system_memory(), n_gpus);
+  if (!budget) return budget.error();
+  for (const std::string& note : budget->notes) std::fprintf(stderr, "%s: %s\n", cmd, note.c_str());
+
+  if (c.threads > 0) cpu::set_compute_threads(c.threads);
+  cpu::set_compute_pin(c.pin);
+  auto m = Model::load(c.model_path, budget->load);
+  if (!m) return m.error();
+  std::fprintf(stderr, "%s: loaded %s (%s, %s) in %.2f s (%s), %d threads%s\n", cmd, c.model_path.c_str(),
+               s->arch.c_str(), format_bytes(double(s->n_bytes)).c_str(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+               (*m)->file().load_mode() == MappedFile::Mode::ram ? "read into RAM" : "mapped",
+               cpu::compute_pool().size(), c.source == "defaults" ? "" : (", config " + c.source).c_str());
+  return Loaded{std::move(*m), std::move(*s), std::move(*config)};
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,478 @@
+#include "engine/config.h"
+
+#include <toml++/toml.h>
+
+#include <sys/stat.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+namespace strata {
+namespace {
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string describe(const toml::node& n) {
+  std::ostringstream os;
+  if (n.is_string()) {
+    os << '"' << n.as_string()->get() << '"';
+  } else if (n.is_table()) {
+    os << "a table";
+  } else if (n.is_array()) {
+    os << "an array";
+  } else {
+    n.visit([&](const auto& v) { os << v; });
+  }
+  return os.str();
+}
+
+// One accepted key: how to read it into a Config.
+struct KeySpec {
+  std::string_view table;
+  std::string_view key;
+  std::string_view what;
+  // Reads the node into the config; an Error message (without the key's name) on a bad value.
+  std::function<std::optional<std::string>(const toml::node&, Config&)> read;
+};
+
+std::optional<std::string> read_int(const toml::node& n, int lo, int hi, int& out) {
+  const auto v = n.value<int64_t>();
+  if (!n.is_integer() || !v || *v < lo || *v > hi)
+    return "must be an integer from " + std::to_string(lo) + " to " + std::to_string(hi) + ", got " + describe(n);
+  out = int(*v);
+  return std::nullopt;
+}
+
+std::optional<std::string> read_number(const toml::node& n, double& out) {
+  const auto v = n.value<double>();
+  if (!(n.is_integer() || n.is_floating_point()) || !v || !std::isfinite(*v) || *v < 0)
+    return "must be a number >= 0, got " + describe(n);
+  out = *v;
+  return std::nullopt;
+}
+
+std::optional<std::string> read_size(const toml::node& n, uint64_t& out) {
+  if (n.is_integer()) {
+    const int64_t v = *n.value<int64_t>();
+    if (v < 0) return "must be a size >= 0, got " + describe(n);
+    out = uint64_t(v);
+    return std::nullopt;
+  }
+  if (n.is_string()) {
+    auto s = parse_size(n.as_string()->get());
+    if (!s) return s.error().message;
+    out = *s;
+    return std::nullopt;
+  }
+  return "must be a size such as \"22GiB\" or a byte count, got " + describe(n);
+}
+
+std::optional<std::string> read_string(const toml::node& n, std::string& out) {
+  if (!n.is_string()) return "must be a string, got " + describe(n);
+  out = n.as_string()->get();
+  return std::nullopt;
+}
+
+std::optional<std::string> read_choice(const toml::node& n, std::initializer_list<std::string_view> choices,
+                                       std::string& out) {
+  std::string list;
+  for (std::string_view c : choices) list += (list.empty() ? "" : ", ") + std::string(c);
+  if (!n.is_string()) return "must be one of " + list + ", got " + describe(n);
+  const std::string v = lower(n.as_string()->get());
+  for (std::string_view c : choices) {
+    if (v == c) {
+      out = v;
+      return std::nullopt;
+    }
+  }
+  return "must be one of " + list + ", got " + describe(n);
+}
+
+#define NUMBER_KEY(name, field, what)                                                                  \
+  KeySpec {                                                                                            \
+    "hardware", name, what, [](const toml::node& n, Config& c) { return read_number(n, c.hardware.field); } \
+  }
+
+const std::vector<KeySpec>& key_specs() {
+  static const std::vector<KeySpec> specs = {
+      {"model", "path", "GGUF file to run (the -m flag overrides it; empty: the bundled model)",
+       [](const toml::node& n, Config& c) { return read_string(n, c.model_path); }},
+      {"model", "ctx", "context length cap in tokens (0: the model's training context)",
+       [](const toml::node& n, Config& c) { return read_int(n, 0, 1 << 24, c.ctx); }},
+      {"model", "load", "how weights come into memory: auto, ram (read into huge pages) or mmap",
+       [](const toml::node& n, Config& c) -> std::optional<std::string> {
+         std::string v;
+         if (auto e = read_choice(n, {"auto", "ram", "mmap"}, v)) return e;
+         c.load = v == "ram" ? MappedFile::Mode::ram : v == "mmap" ? MappedFile::Mode::mmap : MappedFile::Mode::automatic;
+         return std::nullopt;
+       }},
+      {"budgets", "ram", "host memory for weights, KV cache and expert cache (a size, or \"auto\")",
+       [](const toml::node& n, Config& c) -> std::optional<std::string> {
+         if (n.is_string() && lower(n.as_string()->get()) == "auto") {
+           c.ram_budget.reset();
+           return std::nullopt;
+         }
+         uint64_t v = 0;
+         if (auto e = read_size(n, v)) return e;
+         if (v == 0) return std::string("must be more than 0 (or \"auto\")");
+         c.ram_budget = v;
+         return std::nullopt;
+       }},
+      {"budgets", "vram", "GPU memory strata may use (0: no GPU tier)",
+       [](const toml::node& n, Config& c) { return read_size(n, c.vram_budget); }},
+      {"cpu", "threads", "compute threads (0: one per physical core)",
+       [](const toml::node& n, Config& c) { return read_int(n, 0, 4096, c.threads); }},
+      {"cpu", "pin", "pin compute threads to cores (hwloc)",
+       [](const toml::node& n, Config& c) -> std::optional<std::string> {
+         if (!n.is_boolean()) return "must be true or false, got " + describe(n);
+         c.pin = *n.value<bool>();
+         return std::nullopt;
+       }},
+      {"storage", "queue_depth", "NVMe reads in flight (io_uring queue depth)",
+       [](const toml::node& n, Config& c) { return read_int(n, 1, 4096, c.queue_depth); }},
+      {"storage", "prefetch_depth", "layers of routing look-ahead for NVMe prefetch (0: none)",
+       [](const toml::node& n, Config& c) { return read_int(n, 0, 16, c.prefetch_depth); }},
+      {"storage", "cache_policy", "routed-expert cache policy: lru, lfu or layer-lru",
+       [](const toml::node& n, Config& c) { return read_choice(n, {"lru", "lfu", "layer-lru"}, c.cache_policy); }},
+      NUMBER_KEY("dram_gbps", dram_gbps, "RAM streaming read bandwidth of the compute threads, GB/s"),
+      NUMBER_KEY("weights_gbps", weights_gbps, "GB/s the decode kernels reach reading expert weights from RAM"),
+      NUMBER_KEY("nvme_gbps", nvme_gbps, "NVMe read bandwidth (O_DIRECT, queue depth as configured), GB/s"),
+      NUMBER_KEY("pcie_h2d_gbps", pcie_h2d_gbps, "host-to-GPU copy bandwidth from pinned memory, GB/s"),
+      NUMBER_KEY("pcie_d2h_gbps", pcie_d2h_gbps, "GPU-to-host copy bandwidth, GB/s"),
+      NUMBER_KEY("cpu_int8_gops", cpu_int8_gops, "int8 GOP/s the prefill kernels reach on quantized weights (2 ops per multiply-add)"),
+      NUMBER_KEY("cpu_bf16_gflops", cpu_bf16_gflops, "CPU bf16 (or f32 FMA) peak, GFLOP/s"),
+      NUMBER_KEY("gpu_gbps", gpu_gbps, "GPU memory read bandwidth, GB/s"),
+      NUMBER_KEY("gpu_tflops", gpu_tflops, "GPU throughput on quantized weights, TFLOP/s"),
+      {"hardware", "ram", "installed RAM of the machine",
+       [](const toml::node& n, Config& c) { return read_size(n, c.hardware.ram_bytes); }},
+      {"hardware", "vram", "memory of the GPU (0: none)",
+       [](const toml::node& n, Config& c) { return read_size(n, c.hardware.vram_bytes); }},
+      {"hardware", "cpu", "CPU name (informative)",
+       [](const toml::node& n, Config& c) { return read_string(n, c.hardware.cpu_name); }},
+      {"hardware", "gpu", "GPU name (informative)",
+       [](const toml::node& n, Config& c) { return read_string(n, c.hardware.gpu_name); }},
+  };
+  return specs;
+}
+#undef NUMBER_KEY
+
+std::string keys_of(std::string_view table) {
+  std::string list;
+  for (const KeySpec& k : key_specs())
+    if (k.table == table) list += (list.empty() ? "" : ", ") + std::string(k.key);
+  return list;
+}
+
+std::string tables() {
+  std::string list;
+  for (const KeySpec& k : key_specs())
+    if (list.find(std::string(k.table)) == std::string::npos) list += (list.empty() ? "" : ", ") + std::string(k.table);
+  return list;
+}
+
+// Sets `key` (dotted) of `root` to the value of `text` parsed as TOML; a bare word is a string.
+Status apply_override(toml::table& root, const ConfigOverride& o) {
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + o.value);
+  } catch (const toml::parse_error&) {
+    parsed.insert_or_assign("v", o.value);
+  }
+  toml::table* t = &root;
+  std::string_view rest = o.key;
+  for (size_t dot; (dot = rest.find('.')) != std::string_view::npos; rest.remove_prefix(dot + 1)) {
+    const std::string part(rest.substr(0, dot));
+    toml::node* n = t->get(part);
+    if (!n) {
+      t->insert_or_assign(part, toml::table{});
+      n = t->get(part);
+    }
+    if (!n->is_table()) return Error{"--set " + o.key + ": '" + part + "' is not a table"};
+    t = n->as_table();
+  }
+  t->insert_or_assign(std::string(rest), *parsed.get("v"));
+  return {};
+}
+
+Result<Config> from_table(const toml::table& root, const std::string& name) {
+  Config c;
+  c.source = name;
+  const std::string where = "config " + name + ": ";
+  for (const auto& [tkey, tnode] : root) {
+    const std::string table(tkey.str());
+    if (!tnode.is_table()) {
+      return Error{where + "'" + table + "' must be a table ([" + table + "]); the tables are " + tables()};
+    }
+    if (keys_of(table).empty()) {
+      return Error{where + "unknown table [" + table + "] (known: " + tables() + ")"};
+    }
+    for (const auto& [kkey, knode] : *tnode.as_table()) {
+      const std::string key(kkey.str());
+      const KeySpec* spec = nullptr;
+      for (const KeySpec& k : key_specs())
+        if (k.table == table && k.key == key) spec = &k;
+      if (!spec) {
+        return Error{where + "unknown key '" + table + "." + key + "' ([" + table + "] has: " + keys_of(table) + ")"};
+      }
+      if (auto e = spec->read(knode, c)) return Error{where + table + "." + key + " " + *e};
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+void fill_unknown(HardwareLimits& into, const HardwareLimits& from) {
+  auto fill = [](auto& a, const auto& b) {
+    if (a == 0) a = b;
+  };
+  fill(into.dram_gbps, from.dram_gbps);
+  fill(into.weights_gbps, from.weights_gbps);
+  fill(into.nvme_gbps, from.nvme_gbps);
+  fill(into.pcie_h2d_gbps, from.pcie_h2d_gbps);
+  fill(into.pcie_d2h_gbps, from.pcie_d2h_gbps);
+  fill(into.cpu_int8_gops, from.cpu_int8_gops);
+  fill(into.cpu_bf16_gflops, from.cpu_bf16_gflops);
+  fill(into.gpu_gbps, from.gpu_gbps);
+  fill(into.gpu_tflops, from.gpu_tflops);
+  fill(into.ram_bytes, from.ram_bytes);
+  fill(into.vram_bytes, from.vram_bytes);
+  if (into.cpu_name.empty()) into.cpu_name = from.cpu_name;
+  if (into.gpu_name.empty()) into.gpu_name = from.gpu_name;
+}
+
+Result<ConfigOverride> parse_override(std::string_view text) {
+  const size_t eq = text.find('=');
+  if (eq == std::string_view::npos || eq == 0 || eq + 1 == text.size()) {
+    return Error{"--set '" + std::string(text) + "': expected KEY=VALUE, e.g. budgets.ram=16GiB"};
+  }
+  std::string key(text.substr(0, eq));
+  while (!key.empty() && key.back() == ' ') key.pop_back();
+  std::string value(text.substr(eq + 1));
+  while (!value.empty() && value.front() == ' ') value.erase(value.begin());
+  if (key.find('.') == std::string::npos) {
+    return Error{"--set " + key + ": the key needs its table, e.g. cpu.threads or budgets.ram"};
+  }
+  return ConfigOverride{std::move(key), std::move(value)};
+}
+
+Result<Config> parse_config(std::string_view text, std::string name, const std::vector<ConfigOverride>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(text, name);
+  } catch (const toml::parse_error& e) {
+    const auto& where = e.source().begin;
+    return Error{"config " + name + ":" + std::to_string(where.line) + ":" + std::to_string(where.column) + ": " +
+                 std::string(e.description())};
+  }
+  for (const ConfigOverride& o : overrides) {
+    if (Status s = apply_override(root, o); !s) return s.error();
+  }
+  return from_table(root, name);
+}
+
+Result<Config> load_config(const std::string& path, const std::vector<ConfigOverride>& overrides) {
+  if (path.empty()) return parse_config("", "defaults", overrides);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Error{"config " + path + ": cannot open (" + std::string(std::strerror(errno)) + ")"};
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return Error{"config " + path + ": read failed"};
+  return parse_config(text.str(), path, overrides);
+}
+
+Result<uint64_t> parse_size(std::string_view text) {
+  const std::string s = lower(text);
+  size_t i = 0;
+  while (i < s.size() && s[i] == ' ') ++i;
+  const size_t start = i;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  const std::string number = s.substr(start, i - start);
+  while (i < s.size() && s[i] == ' ') ++i;
+  const std::string unit = s.substr(i);
+  const auto bad = [&] {
+    return Error{"size '" + std::string(text) + "' is not a size such as 22GiB, 512MiB, 1.5GB or 4096"};
+  };
+  if (number.empty() || number == "." || number.find('.') != number.rfind('.')) return bad();
+  static const std::map<std::string, double> units = {
+      {"", 1.0},       {"b", 1.0},
+      {"k", 0x1p10},   {"kib", 0x1p10}, {"kb", 1e3},
+      {"m", 0x1p20},   {"mib", 0x1p20}, {"mb", 1e6},
+      {"g", 0x1p30},   {"gib", 0x1p30}, {"gb", 1e9},
+      {"t", 0x1p40},   {"tib", 0x1p40}, {"tb", 1e12},
+  };
+  const auto u = units.find(unit);
+  if (u == units.end()) return bad();
+  const double v = std::strtod(number.c_str(), nullptr) * u->second;
+  if (!std::isfinite(v) || v >= 0x1p63) return bad();
+  if (u->second == 1.0 && number.find('.') != std::string::npos) return bad();  // fractional bytes
+  return uint64_t(std::llround(v));
+}
+
+std::string format_size(uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = double(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+std::vector<ConfigKey> config_keys() {
+  std::vector<ConfigKey> out;
+  for (const KeySpec& k : key_specs()) {
+    // the table and key live in static storage; join them once
+    static std::vector<std::string> names = [] {
+      std::vector<std::string> v;
+      for (const KeySpec& s : key_specs()) v.push_back(std::string(s.table) + "." + std::string(s.key));
+      return v;
+    }();
+    out.push_back({names[out.size()], k.what});
+  }
+  return out;
+}
+
+Result<BudgetCheck> check_budgets(const Config& c, const ModelSummary& s, uint64_t kv_bytes,
+                                  const SystemMemory& mem, int n_gpus) {
+  BudgetCheck out;
+  out.load = c.load;
+  const std::string where = "config " + c.source + ": ";
+  if (c.vram_budget > 0) {
+    if (n_gpus == 0) {
+      return Error{where + "budgets.vram is " + format_size(c.vram_budget) +
+                   " but this machine has no usable GPU; set budgets.vram = 0 (or use configs/cpu-only.toml)"};
+    }
+    out.notes.push_back("budgets.vram: the GPU tier is not built yet (issue #7); everything runs on the CPU");
+  }
+  if (!c.ram_budget) return out;
+  const uint64_t budget = *c.ram_budget;
+  if (mem.total > 0 && budget > mem.total) {
+    return Error{where + "budgets.ram is " + format_size(budget) + " but this machine has " +
+                 format_size(mem.total) + " of RAM"};
+  }
+  const uint64_t fixed = s.n_bytes - s.expert_bytes_total;  // read by every token
+  if (fixed + kv_bytes > budget) {
+    return Error{where + "budgets.ram is " + format_size(budget) + ", less than the fixed part: " +
+                 format_size(fixed) + " of weights every token reads + " + format_size(kv_bytes) +
+                 " of KV cache = " + format_size(fixed + kv_bytes) + " (raise budgets.ram or lower model.ctx)"};
+  }
+  if (s.n_bytes + kv_bytes <= budget) {
+    if (out.load == MappedFile::Mode::automatic) out.load = MappedFile::Mode::ram;
+    return out;
+  }
+  if (c.load == MappedFile::Mode::ram) {
+    return Error{where + "model.load = \"ram\" needs the whole model (" + format_size(s.n_bytes) + ") and " +
+                 format_size(kv_bytes) + " of KV cache in RAM, more than budgets.ram (" + format_size(budget) + ")"};
+  }
+  out.load = MappedFile::Mode::mmap;
+  out.notes.push_back("budgets.ram holds " + format_size(budget - fixed - kv_bytes) + " of the " +
+                      format_size(s.expert_bytes_total) +
+                      " of routed experts; the NVMe tier that streams the rest is not built yet (issue #6): "
+                      "the file is mapped and the kernel's page cache keeps what it can");
+  return out;
+}
+
+std::string calibration_path() {
+  if (const char* p = std::getenv("STRATA_CALIBRATION"); p && *p) return p;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/strata/calibration.toml";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/strata/calibration.toml";
+  return ".strata-calibration.toml";
+}
+
+Result<std::optional<Calibration>> read_calibration(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::optional<Calibration>{};
+  std::ostringstream text;
+  text << in.rdbuf();
+  toml::table root;
+  try {
+    root = toml::parse(text.str(), path);
+  } catch (const toml::parse_error& e) {
+    return Error{"calibration cache " + path + ": " + std::string(e.description()) +
+                 " (delete it or run strata calibrate again)"};
+  }
+  toml::table hw;
+  if (const toml::table* h = root["hardware"].as_table()) hw = *h;
+  toml::table only_hw;
+  only_hw.insert("hardware", hw);
+  auto c = from_table(only_hw, "calibration cache " + path);
+  if (!c) return c.error();
+  Calibration cal;
+  cal.limits = c->hardware;
+  cal.date = root["measured"]["date"].value_or(std::string());
+  cal.isa = root["measured"]["isa"].value_or(std::string());
+  cal.threads = int(root["measured"]["threads"].value_or(int64_t(0)));
+  return std::optional<Calibration>(std::move(cal));
+}
+
+Status write_calibration(const std::string& path, const Calibration& c) {
+  const size_t slash = path.rfind('/');
+  if (slash != std::string::npos && slash > 0) {
+    const std::string dir = path.substr(0, slash);
+    // create the directory chain (mkdir -p)
+    for (size_t p = 1; p <= dir.size(); ++p) {
+      if (p == dir.size() || dir[p] == '/') {
+        const std::string part = dir.substr(0, p);
+        if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST)
+          return Error{"calibration cache: cannot create " + part + " (" + std::strerror(errno) + ")"};
+      }
+    }
+  }
+  // written by hand: two decimals, and keys in the order docs/config.md lists them
+  const HardwareLimits& h = c.limits;
+  auto quoted = [](const std::string& v) {
+    std::string q = "\"";
+    for (char ch : v) {
+      if (ch == '"' || ch == '\\') q += '\\';
+      if (static_cast<unsigned char>(ch) >= 0x20) q += ch;
+    }
+    return q + "\"";
+  };
+  std::string text = "# written by strata calibrate; the [hardware] keys are those of a config's [hardware] table\n";
+  text += "[measured]\ndate = " + quoted(c.date) + "\nisa = " + quoted(c.isa) + "\nthreads = " + std::to_string(c.threads) + "\n";
+  text += "\n[hardware]\n";
+  auto put = [&](const char* key, double v) {
+    if (v > 0) text += strfmt("%s = %.2f\n", key, v);
+  };
+  put("dram_gbps", h.dram_gbps);
+  put("weights_gbps", h.weights_gbps);
+  put("nvme_gbps", h.nvme_gbps);
+  put("pcie_h2d_gbps", h.pcie_h2d_gbps);
+  put("pcie_d2h_gbps", h.pcie_d2h_gbps);
+  put("cpu_int8_gops", h.cpu_int8_gops);
+  put("cpu_bf16_gflops", h.cpu_bf16_gflops);
+  put("gpu_gbps", h.gpu_gbps);
+  put("gpu_tflops", h.gpu_tflops);
+  if (h.ram_bytes) text += "ram = " + std::to_string(h.ram_bytes) + "  # " + format_size(h.ram_bytes) + "\n";
+  if (h.vram_bytes) text += "vram = " + std::to_string(h.vram_bytes) + "  # " + format_size(h.vram_bytes) + "\n";
+  if (!h.cpu_name.empty()) text += "cpu = " + quoted(h.cpu_name) + "\n";
+  if (!h.gpu_name.empty()) text += "gpu = " + quoted(h.gpu_name) + "\n";
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return Error{"calibration cache: cannot write " + tmp + " (" + std::strerror(errno) + ")"};
+    out << text;
+    if (!out) return Error{"calibration cache: write to " + tmp + " failed"};
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    return Error{"calibration cache: cannot rename " + tmp + " to " + path + " (" + std::strerror(errno) + ")"};
+  return {};
+}
+
+}  // namespace strata

@@ -1,0 +1,120 @@
+// The run-time configuration: a TOML file (presets in configs/, every key in docs/config.md),
+// overridden key by key from the command line. One mechanism: the file is parsed into a table,
+// each override (`--set budgets.ram=16GiB`, or a flag such as -t that names a key) replaces one
+// entry of that table, and the merged table is validated into a Config in one place. An unknown
+// key, a value of the wrong type or range, or a size that does not parse is an Error naming the
+// key (and the file).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "base/error.h"
+#include "base/mapped_file.h"
+#include "model/model_info.h"
+
+namespace strata {
+
+// The limits of a machine: measured by `strata calibrate` (cached) or stated in a config's
+// [hardware] table (a preset describing a box the user plans for). 0 = unknown.
+struct HardwareLimits {
+  double dram_gbps = 0;         // streaming read of RAM by all compute threads, GB/s
+  double weights_gbps = 0;      // what the decode kernels achieve reading expert weights, GB/s
+  double nvme_gbps = 0;         // O_DIRECT reads at the configured queue depth, GB/s
+  double pcie_h2d_gbps = 0;     // host to device copies from pinned memory, GB/s
+  double pcie_d2h_gbps = 0;     // device to host
+  double cpu_int8_gops = 0;     // int8 GOP/s the prefill GEMM kernels reach (2 ops per MAC)
+  double cpu_bf16_gflops = 0;   // bf16 (or f32 FMA) peak
+  double gpu_gbps = 0;          // VRAM read bandwidth, GB/s
+  double gpu_tflops = 0;        // GPU matrix throughput on quantized weights, TFLOP/s
+  uint64_t ram_bytes = 0;       // installed RAM (the planner's default ram budget is 90% of it)
+  uint64_t vram_bytes = 0;      // VRAM of the GPU (0: no GPU)
+  std::string cpu_name;
+  std::string gpu_name;
+};
+
+// Fills the fields of `into` that are 0 / empty from `from`.
+void fill_unknown(HardwareLimits& into, const HardwareLimits& from);
+
+struct Config {
+  std::string source = "defaults";  // the file it came from, for messages
+
+  // [model]
+  std::string model_path;  // empty: the bundled model
+  int ctx = 0;             // context cap; 0: the model's training context
+  MappedFile::Mode load = MappedFile::Mode::automatic;
+
+  // [budgets]; nullopt: automatic (ram: what the machine has available; vram: none)
+  std::optional<uint64_t> ram_budget;
+  uint64_t vram_budget = 0;
+
+  // [cpu]
+  int threads = 0;  // 0: one per physical core
+  bool pin = true;
+
+  // [storage]
+  int queue_depth = 32;    // io_uring queue depth of NVMe reads (calibration, streaming)
+  int prefetch_depth = 2;  // layers of routing look-ahead for NVMe prefetch
+  std::string cache_policy = "lfu";
+
+  // [hardware]: stated limits; the rest comes from the calibration cache
+  HardwareLimits hardware;
+};
+
+// One `key=value` override (dotted key, TOML value: `budgets.ram=16GiB`, `cpu.threads=4`,
+// `model.load="ram"`; a bare word is taken as a string).
+struct ConfigOverride {
+  std::string key;
+  std::string value;
+};
+Result<ConfigOverride> parse_override(std::string_view text);
+
+// Parses `text` (TOML; `name` in messages) with `overrides` applied on top.
+Result<Config> parse_config(std::string_view text, std::string name,
+                            const std::vector<ConfigOverride>& overrides = {});
+// Reads `path` (empty: no file, only defaults and overrides).
+Result<Config> load_config(const std::string& path, const std::vector<ConfigOverride>& overrides = {});
+
+// "22GiB", "512 MiB", "1.5GB", "4096" (bytes), "auto" is not a size. Binary (KiB..TiB) and decimal
+// (KB..TB) units, case-insensitive; B optional ("16G" = 16 GiB, as llama.cpp users write it).
+Result<uint64_t> parse_size(std::string_view text);
+// "22.0 GiB" style, for messages.
+std::string format_size(uint64_t bytes);
+
+// Every key the config accepts, "table.key", with its one-line description (docs/config.md lists
+// the same; a test keeps them in step).
+struct ConfigKey {
+  std::string_view key;
+  std::string_view what;
+};
+std::vector<ConfigKey> config_keys();
+
+// The checks of budgets.ram / budgets.vram against this machine (`mem`, `n_gpus`) and a model
+// whose KV cache for the planned context takes `kv_bytes`, and the load mode they
+// imply: an Error names the key and the numbers; `notes` gets lines to print.
+struct BudgetCheck {
+  MappedFile::Mode load = MappedFile::Mode::automatic;
+  std::vector<std::string> notes;
+};
+Result<BudgetCheck> check_budgets(const Config& c, const ModelSummary& s, uint64_t kv_bytes,
+                                  const SystemMemory& mem, int n_gpus);
+
+// The calibration cache: `strata calibrate` writes it, everything that needs the machine's
+// limits reads it. $STRATA_CALIBRATION, else $XDG_CACHE_HOME/strata/calibration.toml, else
+// ~/.cache/strata/calibration.toml.
+std::string calibration_path();
+struct Calibration {
+  HardwareLimits limits;
+  std::string date;  // when it was measured
+  std::string isa;   // kernel ISA it was measured with
+  int threads = 0;
+};
+// nullopt when the file does not exist; an Error when it exists but does not parse.
+Result<std::optional<Calibration>> read_calibration(const std::string& path);
+Status write_calibration(const std::string& path, const Calibration& c);
+
+}  // namespace strata
