@@ -8,8 +8,7 @@
 //    `queue_depth` threads each doing one pread at a time (same queue depth, more CPU); a line on
 //    stderr, once per process;
 //  - O_DIRECT refused by the filesystem (EINVAL from open or from a first aligned read): buffered
-//    reads, which after the first
-//    pass come from the page cache and so are not disk bandwidth;
+//    reads, which after the first pass come from the page cache and so are not disk bandwidth;
 //  - a memory-backed filesystem (tmpfs, ramfs) accepts O_DIRECT on recent kernels but is RAM: the
 //    note says so.
 #pragma once
