@@ -9,6 +9,7 @@
 #include <ctime>
 #include <fstream>
 #include <memory>
+#include <random>
 
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -16,6 +17,8 @@
 #include "cpu/kernel_probe.h"
 #include "cpu/kernels.h"
 #include "cpu/thread_pool.h"
+#include "engine/planner.h"
+#include "engine/session.h"
 #include "gpu/gpu_devices.h"
 #include "storage/disk_probe.h"
 
@@ -53,6 +56,54 @@ std::string today() {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M", std::localtime(&t));
   return buf;
+}
+
+// The CPU forward pass on a real model against the planner's kernel-bound prediction for it with the
+// limits just measured: the efficiencies the planner applies. Best of two rounds (the first pass
+// over cold weights is slow).
+Status measure_engine(const Config& c, HardwareLimits& h, std::string& line) {
+  auto m = Model::load(c.model_path, c.load);
+  if (!m) return m.error();
+  auto pm = plan_model_from_gguf((*m)->file());
+  if (!pm) return pm.error();
+  Config cpu_only = c;
+  cpu_only.vram_budget = 0;
+  cpu_only.ram_budget.reset();
+  HardwareLimits kernel_bound = h;
+  kernel_bound.cpu_decode_efficiency = kernel_bound.cpu_prefill_efficiency = 0;
+  const int ctx = int(std::min<int64_t>(std::max((*m)->hparams().n_ctx_train, 64), 4096));
+  const int n_prompt = std::min(512, ctx - 40), n_gen = 32;
+  PlanOptions po;
+  po.ctx = ctx;
+  po.prompt_tokens = n_prompt;
+  auto plan = make_plan(*pm, cpu_only, kernel_bound, po);
+  if (!plan) return plan.error();
+  if (plan->miss_nvme > 0) return Error{"the model does not fit in RAM: the CPU forward pass cannot be measured from RAM"};
+  std::mt19937 rng(5);
+  std::vector<int32_t> tokens(static_cast<size_t>(n_prompt));
+  for (auto& t : tokens) t = int32_t(rng() % uint32_t((*m)->hparams().n_vocab));
+  double best_p = 0, best_d = 0;
+  for (int round = 0; round < 2; ++round) {
+    Session s(**m, n_prompt + n_gen + 1);
+    auto t0 = std::chrono::steady_clock::now();
+    auto l = s.eval(tokens);
+    if (!l) return l.error();
+    best_p = std::max(best_p, n_prompt / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    int32_t next = argmax(*l);
+    t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n_gen; ++i) {
+      auto d = s.eval(std::span<const int32_t>(&next, 1));
+      if (!d) return d.error();
+      next = argmax(*d);
+    }
+    best_d = std::max(best_d, n_gen / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  h.cpu_decode_efficiency = best_d / plan->decode.tok_per_s;
+  h.cpu_prefill_efficiency = best_p / plan->prefill.tok_per_s;
+  line = strfmt("decode %.2f tok/s = %.2f of the kernel bound %.2f; prefill %d tokens %.1f tok/s = %.2f of %.1f (%s)",
+                best_d, h.cpu_decode_efficiency, plan->decode.tok_per_s, n_prompt, best_p, h.cpu_prefill_efficiency,
+                plan->prefill.tok_per_s, c.model_path.c_str());
+  return {};
 }
 
 int run_calibrate(const CalibrateOptions& o) {
@@ -116,6 +167,21 @@ int run_calibrate(const CalibrateOptions& o) {
     }
   }
 
+  std::string engine_line = "not measured (give -m MODEL to measure the CPU forward pass on it)";
+  if (o.common.model) {
+    step(("the CPU forward pass on " + c.model_path).c_str());
+    if (Status st = measure_engine(c, h, engine_line); !st) return fail(st.error().message);
+  } else {
+    // keep the efficiencies of an earlier run on a model
+    auto old = read_calibration(o.out.empty() ? calibration_path() : o.out);
+    if (old && old->has_value() && (*old)->limits.cpu_decode_efficiency > 0) {
+      h.cpu_decode_efficiency = (*old)->limits.cpu_decode_efficiency;
+      h.cpu_prefill_efficiency = (*old)->limits.cpu_prefill_efficiency;
+      engine_line = strfmt("not measured; keeping decode %.2f, prefill %.2f of the kernel bound from the run of %s",
+                           h.cpu_decode_efficiency, h.cpu_prefill_efficiency, (*old)->date.c_str());
+    }
+  }
+
   const GpuDevices gpus = list_gpu_devices();
   std::string pcie_line = gpus.devices.empty()
                               ? "no GPU (" + (gpus.error.empty() ? std::string("none found") : gpus.error) + ")"
@@ -142,7 +208,10 @@ int run_calibrate(const CalibrateOptions& o) {
                         {"bf16_method", std::string(cpu::bf16_peak_method())},
                         {"nvme_gbps", h.nvme_gbps},
                         {"disk", disk_line},
-                        {"pcie", pcie_line}};
+                        {"pcie", pcie_line},
+                        {"cpu_decode_efficiency", h.cpu_decode_efficiency},
+                        {"cpu_prefill_efficiency", h.cpu_prefill_efficiency},
+                        {"engine", engine_line}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -157,6 +226,7 @@ int run_calibrate(const CalibrateOptions& o) {
   std::printf("bf16 peak      %8.0f GFLOP/s (%s)\n", h.cpu_bf16_gflops, std::string(cpu::bf16_peak_method()).c_str());
   std::printf("disk read      %s\n", disk_line.c_str());
   std::printf("PCIe           %s\n", pcie_line.c_str());
+  std::printf("forward pass   %s\n", engine_line.c_str());
   std::printf("cached in %s\n", path.c_str());
   return 0;
 }

@@ -155,6 +155,8 @@ const std::vector<KeySpec>& key_specs() {
       NUMBER_KEY("cpu_bf16_gflops", cpu_bf16_gflops, "CPU bf16 (or f32 FMA) peak, GFLOP/s"),
       NUMBER_KEY("gpu_gbps", gpu_gbps, "GPU memory read bandwidth, GB/s"),
       NUMBER_KEY("gpu_tflops", gpu_tflops, "GPU throughput on quantized weights, TFLOP/s"),
+      NUMBER_KEY("cpu_decode_efficiency", cpu_decode_efficiency, "measured CPU decode speed / the kernel-bound prediction (0..1)"),
+      NUMBER_KEY("cpu_prefill_efficiency", cpu_prefill_efficiency, "measured CPU prefill speed / the kernel-bound prediction (0..1)"),
       {"hardware", "ram", "installed RAM of the machine",
        [](const toml::node& n, Config& c) { return read_size(n, c.hardware.ram_bytes); }},
       {"hardware", "vram", "memory of the GPU (0: none)",
@@ -247,6 +249,8 @@ void fill_unknown(HardwareLimits& into, const HardwareLimits& from) {
   fill(into.cpu_bf16_gflops, from.cpu_bf16_gflops);
   fill(into.gpu_gbps, from.gpu_gbps);
   fill(into.gpu_tflops, from.gpu_tflops);
+  fill(into.cpu_decode_efficiency, from.cpu_decode_efficiency);
+  fill(into.cpu_prefill_efficiency, from.cpu_prefill_efficiency);
   fill(into.ram_bytes, from.ram_bytes);
   fill(into.vram_bytes, from.vram_bytes);
   if (into.cpu_name.empty()) into.cpu_name = from.cpu_name;
@@ -459,6 +463,8 @@ Status write_calibration(const std::string& path, const Calibration& c) {
   put("cpu_bf16_gflops", h.cpu_bf16_gflops);
   put("gpu_gbps", h.gpu_gbps);
   put("gpu_tflops", h.gpu_tflops);
+  put("cpu_decode_efficiency", h.cpu_decode_efficiency);
+  put("cpu_prefill_efficiency", h.cpu_prefill_efficiency);
   if (h.ram_bytes) text += "ram = " + std::to_string(h.ram_bytes) + "  # " + format_size(h.ram_bytes) + "\n";
   if (h.vram_bytes) text += "vram = " + std::to_string(h.vram_bytes) + "  # " + format_size(h.vram_bytes) + "\n";
   if (!h.cpu_name.empty()) text += "cpu = " + quoted(h.cpu_name) + "\n";

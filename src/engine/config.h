@@ -31,6 +31,11 @@ struct HardwareLimits {
   double cpu_bf16_gflops = 0;   // bf16 (or f32 FMA) peak
   double gpu_gbps = 0;          // VRAM read bandwidth, GB/s
   double gpu_tflops = 0;        // GPU matrix throughput on quantized weights, TFLOP/s
+  // What the whole CPU forward pass reaches of the kernel-bound prediction (attention, routing and
+  // dispatch cost on top of the kernels): measured by `strata calibrate -m MODEL`. 0 = unknown
+  // (the planner then predicts the kernel-bound upper bound).
+  double cpu_decode_efficiency = 0;
+  double cpu_prefill_efficiency = 0;
   uint64_t ram_bytes = 0;       // installed RAM (the planner's default ram budget is 90% of it)
   uint64_t vram_bytes = 0;      // VRAM of the GPU (0: no GPU)
   std::string cpu_name;

@@ -205,8 +205,15 @@ Result<Plan> make_plan(const PlanModel& m, const Config& c, const HardwareLimits
   StepTime& d = plan.decode;
   const double gpu_exp = expert_use * hv, ram_exp = expert_use * hr, nvme_exp = expert_use * hm;
   const double t_gpu = (gpu_fixed + gpu_exp) / (hw.gpu_gbps > 0 ? hw.gpu_gbps * 1e9 : 1.0);
-  const double t_cpu_fixed = cpu_fixed / (ram_gbps * 1e9);
-  const double t_cpu_exp = (ram_exp + nvme_exp) / (ram_gbps * 1e9);  // NVMe experts are computed from RAM once read
+  // the CPU forward pass reaches a measured share of the kernels' speed (1: the kernel bound)
+  const double eff_d = hw.cpu_decode_efficiency > 0 ? std::min(hw.cpu_decode_efficiency, 1.0) : 1.0;
+  const double eff_p = hw.cpu_prefill_efficiency > 0 ? std::min(hw.cpu_prefill_efficiency, 1.0) : 1.0;
+  if (hw.cpu_decode_efficiency <= 0 || hw.cpu_prefill_efficiency <= 0)
+    plan.notes.push_back("CPU times are the kernel-bound upper bound: hardware.cpu_decode_efficiency / "
+                         "cpu_prefill_efficiency unknown (strata calibrate -m MODEL measures them)");
+  const double t_cpu_fixed = cpu_fixed / (ram_gbps * 1e9) / eff_d;
+  // NVMe experts are computed from RAM once read
+  const double t_cpu_exp = (ram_exp + nvme_exp) / (ram_gbps * 1e9) / eff_d;
   const double t_nvme = nvme_exp > 0 ? nvme_exp / (hw.nvme_gbps * 1e9) : 0.0;
   // hand-overs of the hidden state: around every MoE layer whose experts are split between GPU and
   // CPU, and at the boundary between GPU and CPU layers
@@ -237,7 +244,8 @@ Result<Plan> make_plan(const PlanModel& m, const Config& c, const HardwareLimits
   // ---- prefill of prompt_tokens in one batch ----
   StepTime& pf = plan.prefill;
   const double n = std::max(o.prompt_tokens, 1);
-  const double f_cpu = hw.cpu_int8_gops * 1e9;
+  const double f_cpu = hw.cpu_int8_gops * 1e9 * eff_p;  // what the CPU forward pass reaches
+  const double cpu_bw = ram_gbps * 1e9 * eff_p;
   const double f_gpu = has_gpu ? hw.gpu_tflops * 1e12 : 0.0;
   double t_pf_gpu = 0, t_pf_cpu = 0, t_pf_pcie = 0, t_pf_nvme = 0;
   double pf_pcie_bytes = 0, pf_nvme_bytes = 0;
@@ -252,14 +260,14 @@ Result<Plan> make_plan(const PlanModel& m, const Config& c, const HardwareLimits
     if (i < p.gpu_layers) {
       t_pf_gpu += std::max(fixed_ops / f_gpu, double(l.fixed_bytes) / (hw.gpu_gbps * 1e9));
     } else {
-      t_pf_cpu += std::max(fixed_ops / f_cpu, double(l.fixed_bytes) / (ram_gbps * 1e9));
+      t_pf_cpu += std::max(fixed_ops / f_cpu, double(l.fixed_bytes) / cpu_bw);
     }
     if (l.expert_bytes == 0) continue;
     const double used = E * touched;  // experts of this layer with at least one token
     const double S = double(l.expert_bytes), ops = 2.0 * double(l.expert_params) * tok_per_expert;
     t_pf_gpu += used * v * ops / (f_gpu > 0 ? f_gpu : 1.0);
     // experts outside VRAM: on the CPU where they lie, or shipped to the GPU when that is faster
-    const double cpu_t = std::max(S / (ram_gbps * 1e9), ops / f_cpu);
+    const double cpu_t = std::max(S / cpu_bw, ops / f_cpu);
     const double ship_t = has_gpu ? S / (hw.pcie_h2d_gbps * 1e9) : 1e30;
     const double ship_gpu_t = has_gpu ? ops / f_gpu : 0.0;
     const double host_experts = used * (r + miss);
