@@ -6,6 +6,25 @@
 
 namespace strata {
 
+namespace {
+void run_forward(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
+                 bool all_logits, float* logits) {
+  switch (m.hparams().arch) {
+    case Arch::qwen3moe:
+    case Arch::qwen2moe:
+    case Arch::llama:
+      forward_gqa_moe(m, be, seqs, tokens, all_logits, logits);
+      break;
+    case Arch::deepseek2:
+      forward_deepseek2(m, be, seqs, tokens, all_logits, logits);
+      break;
+    case Arch::gpt_oss:
+      forward_gpt_oss(m, be, seqs, tokens, all_logits, logits);
+      break;
+  }
+}
+}  // namespace
+
 Session::Session(const Model& model, int n_ctx, cpu::MatmulPath path)
     : model_(model), backend_(path) {
   init_cache(model, n_ctx, cache_);
@@ -24,20 +43,41 @@ Result<std::vector<float>> Session::eval(std::span<const int32_t> tokens, bool a
                         n_past_, n, cache_.n_ctx)};
   }
   std::vector<float> logits(size_t((all_logits ? n : 1) * hp.n_vocab));
-  switch (hp.arch) {
-    case Arch::qwen3moe:
-    case Arch::qwen2moe:
-    case Arch::llama:
-      forward_gqa_moe(model_, backend_, cache_, tokens.data(), n, n_past_, all_logits, logits.data());
-      break;
-    case Arch::deepseek2:
-      forward_deepseek2(model_, backend_, cache_, tokens.data(), n, n_past_, all_logits, logits.data());
-      break;
-    case Arch::gpt_oss:
-      forward_gpt_oss(model_, backend_, cache_, tokens.data(), n, n_past_, all_logits, logits.data());
-      break;
-  }
+  const SeqSpan seq{&cache_, n_past_, n};
+  run_forward(model_, backend_, std::span<const SeqSpan>(&seq, 1), tokens.data(), all_logits, logits.data());
   n_past_ += n;
+  return logits;
+}
+
+Result<std::vector<float>> Session::eval_batch(std::span<Session* const> sessions,
+                                              std::span<const std::vector<int32_t>> tokens) {
+  STRATA_CHECK(sessions.size() == tokens.size());
+  if (sessions.empty()) return Error{"eval_batch: no sequences"};
+  const Model& m = sessions[0]->model_;
+  const HParams& hp = m.hparams();
+  std::vector<SeqSpan> seqs;
+  std::vector<int32_t> all;
+  for (size_t s = 0; s < sessions.size(); ++s) {
+    Session& se = *sessions[s];
+    STRATA_CHECK(&se.model_ == &m && se.backend_.path() == sessions[0]->backend_.path(),
+                 "eval_batch: sessions of different models or paths");
+    for (size_t o = 0; o < s; ++o) STRATA_CHECK(sessions[o] != &se, "eval_batch: a session twice");
+    if (tokens[s].empty()) return Error{"eval_batch: a sequence with no tokens"};
+    for (int32_t id : tokens[s]) {
+      if (id < 0 || id >= hp.n_vocab)
+        return Error{strfmt("eval: token id %d is outside the vocabulary (0..%d)", id, hp.n_vocab - 1)};
+    }
+    const int64_t n = int64_t(tokens[s].size());
+    if (se.n_past_ + n > se.cache_.n_ctx) {
+      return Error{strfmt("eval: context full: %" PRId64 " tokens cached + %" PRId64 " new > context %d", se.n_past_, n,
+                          se.cache_.n_ctx)};
+    }
+    seqs.push_back({&se.cache_, se.n_past_, n});
+    all.insert(all.end(), tokens[s].begin(), tokens[s].end());
+  }
+  std::vector<float> logits(sessions.size() * size_t(hp.n_vocab));
+  run_forward(m, sessions[0]->backend_, seqs, all.data(), false, logits.data());
+  for (size_t s = 0; s < sessions.size(); ++s) sessions[s]->n_past_ += int64_t(tokens[s].size());
   return logits;
 }
 

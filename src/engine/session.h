@@ -21,6 +21,12 @@ class Session {
   // of every token ([n][n_vocab]) when all_logits, else those of the last token ([n_vocab]).
   // Errors: empty input, a token id outside the vocabulary, or the context would overflow.
   Result<std::vector<float>> eval(std::span<const int32_t> tokens, bool all_logits = false);
+  // One forward pass over several sequences (continuous batching): tokens[s] are evaluated in
+  // sessions[s] (distinct sessions of one model and path), every weight read once for all of
+  // them. Returns the logits of the last token of each sequence ([n][n_vocab]). Errors as eval,
+  // and then no session advances.
+  static Result<std::vector<float>> eval_batch(std::span<Session* const> sessions,
+                                               std::span<const std::vector<int32_t>> tokens);
 
   int64_t n_past() const { return n_past_; }
   int n_ctx() const { return cache_.n_ctx; }

@@ -25,11 +25,22 @@ void scatter(const float* src, int64_t n, int64_t stride, int64_t off, int64_t w
   for (int64_t t = 0; t < n; ++t) std::copy_n(src + t * w, w, dst + t * stride + off);
 }
 
-void mla_attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& l, KvCache& cache, int il,
-                   const float* q, int64_t n_tok, int64_t pos0, float* out) {
+// MLA over a batch of spans: the absorbed projections run once for every token, the scores of
+// each token over its own sequence's cache.
+void mla_attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& l, std::span<const SeqSpan> seqs,
+                   int il, const float* q, int64_t n_tok, float* out) {
   const int64_t H = hp.n_head, NOPE = hp.qk_nope, ROPE = hp.qk_rope, QK = NOPE + ROPE,
                 R = hp.kv_lora_rank, DV = hp.v_head;
-  const int64_t n_kv = pos0 + n_tok;
+  std::vector<KvCache*> tok_cache(static_cast<size_t>(n_tok));
+  std::vector<int64_t> tok_pos(static_cast<size_t>(n_tok));
+  int64_t n_kv = 0;
+  for (int64_t t = 0; const SeqSpan& seq : seqs) {
+    for (int64_t i = 0; i < seq.n_tok; ++i, ++t) {
+      tok_cache[size_t(t)] = seq.cache;
+      tok_pos[size_t(t)] = seq.pos0 + i;
+    }
+    n_kv = std::max(n_kv, seq.pos0 + seq.n_tok);
+  }
   std::vector<float> qn(size_t(n_tok * NOPE)), qc(size_t(n_tok * R)), ctx(size_t(n_tok * R)),
       o(size_t(n_tok * DV));
   for (int64_t h = 0; h < H; ++h) {
@@ -38,7 +49,8 @@ void mla_attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeig
     cpu::compute_pool().run(n_tok, [&](int64_t t, int) {
       thread_local std::vector<float> score;
       score.resize(size_t(n_kv));
-      const int64_t pos = pos0 + t;
+      const int64_t pos = tok_pos[size_t(t)];
+      KvCache& cache = *tok_cache[size_t(t)];
       const float* qct = &qc[size_t(t * R)];
       const float* qpe = q + t * H * QK + h * QK + NOPE;
       for (int64_t j = 0; j <= pos; ++j) {
@@ -62,9 +74,10 @@ void mla_attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeig
 
 }  // namespace
 
-void forward_deepseek2(const Model& m, const cpu::CpuBackend& be, KvCache& cache, const int32_t* tokens, int64_t n_tok,
-                       int64_t pos0, bool all_logits, float* logits) {
+void forward_deepseek2(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
+                       bool all_logits, float* logits) {
   const HParams& hp = m.hparams();
+  const int64_t n_tok = batch_tokens(seqs);
   const int64_t E = hp.n_embd, H = hp.n_head, QK = hp.qk_nope + hp.qk_rope, R = hp.kv_lora_rank,
                 ROPE = hp.qk_rope;
   std::vector<float> x(size_t(n_tok * E)), h(size_t(n_tok * E)), y(size_t(n_tok * E));
@@ -90,14 +103,17 @@ void forward_deepseek2(const Model& m, const cpu::CpuBackend& be, KvCache& cache
         be.matmul(l.wq, h.data(), n_tok, q.data());
       }
       be.matmul(l.wkv_a_mqa, h.data(), n_tok, kv.data());
-      for (int64_t t = 0; t < n_tok; ++t) {
-        float* kvt = &kv[t * (R + ROPE)];
-        cpu::rms_norm(kvt, f32(l.kv_a_norm), R, hp.eps, kvt);              // latent c
-        cpu::rope(kvt + R, 1, int(ROPE), pos0 + t, hp.rope);               // k_pe
-        for (int64_t i = 0; i < H; ++i) cpu::rope(&q[(t * H + i) * QK + hp.qk_nope], 1, int(ROPE), pos0 + t, hp.rope);
-        std::copy_n(kvt, R + ROPE, cache.k_row(il, pos0 + t));
+      for (int64_t t = 0; const SeqSpan& seq : seqs) {
+        for (int64_t j = 0; j < seq.n_tok; ++j, ++t) {
+          const int64_t pos = seq.pos0 + j;
+          float* kvt = &kv[t * (R + ROPE)];
+          cpu::rms_norm(kvt, f32(l.kv_a_norm), R, hp.eps, kvt);  // latent c
+          cpu::rope(kvt + R, 1, int(ROPE), pos, hp.rope);        // k_pe
+          for (int64_t i = 0; i < H; ++i) cpu::rope(&q[(t * H + i) * QK + hp.qk_nope], 1, int(ROPE), pos, hp.rope);
+          std::copy_n(kvt, R + ROPE, seq.cache->k_row(il, pos));
+        }
       }
-      mla_attention(be, hp, l, cache, il, q.data(), n_tok, pos0, attn.data());
+      mla_attention(be, hp, l, seqs, il, q.data(), n_tok, attn.data());
       be.matmul(l.wo, attn.data(), n_tok, y.data());
       cpu::add(x.data(), y.data(), n_tok * E);  // residual
     }
@@ -125,7 +141,7 @@ void forward_deepseek2(const Model& m, const cpu::CpuBackend& be, KvCache& cache
     }
     cpu::add(x.data(), y.data(), n_tok * E);  // residual
   }
-  output_head(m, be, x.data(), n_tok, all_logits, logits);
+  output_head(m, be, x.data(), seqs, all_logits, logits);
 }
 
 }  // namespace strata

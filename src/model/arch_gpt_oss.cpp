@@ -10,10 +10,10 @@
 
 namespace strata {
 
-void forward_gpt_oss(const Model& m, const cpu::CpuBackend& be, KvCache& cache,
-                     const int32_t* tokens, int64_t n_tok, int64_t pos0, bool all_logits,
-                     float* logits) {
+void forward_gpt_oss(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs,
+                     const int32_t* tokens, bool all_logits, float* logits) {
   const HParams& hp = m.hparams();
+  const int64_t n_tok = batch_tokens(seqs);
   const int64_t E = hp.n_embd;
   std::vector<float> x(size_t(n_tok * E)), h(size_t(n_tok * E)), y(size_t(n_tok * E));
   embed(m, tokens, n_tok, x.data());
@@ -25,7 +25,7 @@ void forward_gpt_oss(const Model& m, const cpu::CpuBackend& be, KvCache& cache,
     {
       prof::Span span(prof::Part::attention, il);
       rms_norm_rows(x.data(), l.attn_norm, n_tok, E, hp.eps, h.data());
-      gqa_attention(be, hp, l, cache, il, h.data(), n_tok, pos0, y.data());
+      gqa_attention(be, hp, l, seqs, il, h.data(), n_tok, y.data());
       cpu::add(x.data(), y.data(), n_tok * E);  // residual
     }
 
@@ -42,7 +42,7 @@ void forward_gpt_oss(const Model& m, const cpu::CpuBackend& be, KvCache& cache,
     }
     cpu::add(x.data(), y.data(), n_tok * E);  // residual
   }
-  output_head(m, be, x.data(), n_tok, all_logits, logits);
+  output_head(m, be, x.data(), seqs, all_logits, logits);
 }
 
 }  // namespace strata

@@ -11,9 +11,16 @@
 
 namespace strata {
 
-void forward_gqa_moe(const Model& m, const cpu::CpuBackend& be, KvCache& cache, const int32_t* tokens, int64_t n_tok,
-                     int64_t pos0, bool all_logits, float* logits) {
+int64_t batch_tokens(std::span<const SeqSpan> seqs) {
+  int64_t n = 0;
+  for (const SeqSpan& s : seqs) n += s.n_tok;
+  return n;
+}
+
+void forward_gqa_moe(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
+                     bool all_logits, float* logits) {
   const HParams& hp = m.hparams();
+  const int64_t n_tok = batch_tokens(seqs);
   const int64_t E = hp.n_embd;
   std::vector<float> x(size_t(n_tok * E)), h(size_t(n_tok * E)), y(size_t(n_tok * E));
   embed(m, tokens, n_tok, x.data());
@@ -25,7 +32,7 @@ void forward_gqa_moe(const Model& m, const cpu::CpuBackend& be, KvCache& cache, 
     {
       prof::Span span(prof::Part::attention, il);
       rms_norm_rows(x.data(), l.attn_norm, n_tok, E, hp.eps, h.data());
-      gqa_attention(be, hp, l, cache, il, h.data(), n_tok, pos0, y.data());
+      gqa_attention(be, hp, l, seqs, il, h.data(), n_tok, y.data());
       cpu::add(x.data(), y.data(), n_tok * E);  // residual
     }
 
@@ -54,16 +61,28 @@ void forward_gqa_moe(const Model& m, const cpu::CpuBackend& be, KvCache& cache, 
     }
     cpu::add(x.data(), y.data(), n_tok * E);  // residual
   }
-  output_head(m, be, x.data(), n_tok, all_logits, logits);
+  output_head(m, be, x.data(), seqs, all_logits, logits);
 }
 
-void output_head(const Model& m, const cpu::CpuBackend& be, const float* x, int64_t n_tok, bool all_logits, float* logits) {
+void output_head(const Model& m, const cpu::CpuBackend& be, const float* x, std::span<const SeqSpan> seqs,
+                 bool all_logits, float* logits) {
   prof::Span span(prof::Part::output);
   const int64_t E = m.hparams().n_embd;
-  const int64_t first = all_logits ? 0 : n_tok - 1;
-  const int64_t n = n_tok - first;
+  const int64_t n_tok = batch_tokens(seqs);
+  if (all_logits) {
+    std::vector<float> h(size_t(n_tok * E));
+    rms_norm_rows(x, m.output_norm, n_tok, E, m.hparams().eps, h.data());
+    be.matmul(m.output, h.data(), n_tok, logits);
+    return;
+  }
+  // the last token of each span
+  const int64_t n = int64_t(seqs.size());
   std::vector<float> h(size_t(n * E));
-  rms_norm_rows(x + first * E, m.output_norm, n, E, m.hparams().eps, h.data());
+  int64_t end = 0;
+  for (int64_t s = 0; s < n; ++s) {
+    end += seqs[size_t(s)].n_tok;
+    rms_norm_rows(x + (end - 1) * E, m.output_norm, 1, E, m.hparams().eps, h.data() + s * E);
+  }
   be.matmul(m.output, h.data(), n, logits);
 }
 

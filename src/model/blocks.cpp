@@ -387,7 +387,7 @@ void rms_norm_rows(const float* x, const Weight& w, int64_t n_tok, int64_t n, fl
 }
 
 void gqa_attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& l,
-                   KvCache& cache, int il, const float* h, int64_t n_tok, int64_t pos0, float* y) {
+                   std::span<const SeqSpan> seqs, int il, const float* h, int64_t n_tok, float* y) {
   const int64_t E = hp.n_embd, H = hp.n_head, HKV = hp.n_head_kv, DK = hp.head_dim_k,
                 DV = hp.head_dim_v;
   std::vector<float> q(size_t(n_tok * H * DK)), k(size_t(n_tok * HKV * DK)),
@@ -397,22 +397,26 @@ void gqa_attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeig
   add_bias(q.data(), l.bq, n_tok, H * DK);
   add_bias(k.data(), l.bk, n_tok, HKV * DK);
   add_bias(v.data(), l.bv, n_tok, HKV * DV);
-  for (int64_t t = 0; t < n_tok; ++t) {
-    float* qt = &q[size_t(t * H * DK)];
-    float* kt = &k[size_t(t * HKV * DK)];
-    if (l.q_norm) {
-      rms_norm_rows(qt, l.q_norm, H, DK, hp.eps, qt);
-      rms_norm_rows(kt, l.k_norm, HKV, DK, hp.eps, kt);
+  int64_t t = 0;
+  for (const SeqSpan& seq : seqs) {
+    KvCache& cache = *seq.cache;
+    for (int64_t i = 0; i < seq.n_tok; ++i, ++t) {
+      float* qt = &q[size_t(t * H * DK)];
+      float* kt = &k[size_t(t * HKV * DK)];
+      if (l.q_norm) {
+        rms_norm_rows(qt, l.q_norm, H, DK, hp.eps, qt);
+        rms_norm_rows(kt, l.k_norm, HKV, DK, hp.eps, kt);
+      }
+      const int64_t pos = seq.pos0 + i, kb = KvCache::kKeyBlock;
+      cpu::rope(qt, int(H), int(DK), pos, hp.rope);
+      cpu::rope(kt, int(HKV), int(DK), pos, hp.rope);
+      for (int64_t hk = 0; hk < HKV; ++hk) {
+        float* blk = cache.k_block(il, int(hk), pos / kb) + pos % kb;
+        for (int64_t d = 0; d < DK; ++d) blk[d * kb] = kt[hk * DK + d];
+      }
+      for (int64_t hk = 0; hk < HKV; ++hk)
+        std::copy_n(&v[size_t((t * HKV + hk) * DV)], DV, cache.v_head(il, int(hk)) + pos * DV);
     }
-    cpu::rope(qt, int(H), int(DK), pos0 + t, hp.rope);
-    cpu::rope(kt, int(HKV), int(DK), pos0 + t, hp.rope);
-    const int64_t pos = pos0 + t, kb = KvCache::kKeyBlock;
-    for (int64_t hk = 0; hk < HKV; ++hk) {
-      float* blk = cache.k_block(il, int(hk), pos / kb) + pos % kb;
-      for (int64_t d = 0; d < DK; ++d) blk[d * kb] = kt[hk * DK + d];
-    }
-    for (int64_t hk = 0; hk < HKV; ++hk)
-      std::copy_n(&v[size_t((t * HKV + hk) * DV)], DV, cache.v_head(il, int(hk)) + (pos0 + t) * DV);
   }
   const AttentionParams ap{.n_head = hp.n_head,
                            .n_head_kv = hp.n_head_kv,
@@ -423,7 +427,11 @@ void gqa_attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeig
                            .sinks = f32(l.attn_sinks)};
   {
     prof::Span span(prof::Part::attention_core);
-    attention_gqa(ap, cache, il, q.data(), n_tok, pos0, attn.data());
+    int64_t t0 = 0;
+    for (const SeqSpan& seq : seqs) {  // each sequence over its own cache
+      attention_gqa(ap, *seq.cache, il, &q[size_t(t0 * H * DK)], seq.n_tok, seq.pos0, &attn[size_t(t0 * H * DV)]);
+      t0 += seq.n_tok;
+    }
   }
   be.matmul(l.wo, attn.data(), n_tok, y);
   add_bias(y, l.bo, n_tok, E);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "engine/kv_cache.h"
+#include "model/forward.h"
 #include "model/model.h"
 
 namespace strata {
@@ -61,10 +62,12 @@ void rms_norm_rows(const float* x, const Weight& w, int64_t n_tok, int64_t n, fl
 
 // The GQA attention sublayer of layer il on the normalised input h [n_tok][n_embd]: q, k, v (+ the
 // layer's biases), per-head q/k RMSNorm when the layer has it (qwen3moe), RoPE, the new keys and
-// values appended to the cache, attention (with the layer's sliding window and sinks, if any) and
-// the output projection (+ bias) into y [n_tok][n_embd]. The residual add is the caller's.
+// values appended to each span's cache, attention of each span over its own cache (with the
+// layer's sliding window and sinks, if any) and the output projection (+ bias) into
+// y [n_tok][n_embd]; the projections run once for the whole batch. The residual add is the
+// caller's.
 void gqa_attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& l,
-                   KvCache& cache, int il, const float* h, int64_t n_tok, int64_t pos0, float* y);
+                   std::span<const SeqSpan> seqs, int il, const float* h, int64_t n_tok, float* y);
 
 // Adds bias b (F32 [n]) to every row of x [n_tok][n]; no-op for an empty weight.
 void add_bias(float* x, const Weight& b, int64_t n_tok, int64_t n);
