@@ -14,3 +14,4 @@ pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)  # tokenizer pre-sp
 pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc)  # core topology; pins the compute threads
 pkg_check_modules(LIBURING REQUIRED IMPORTED_TARGET liburing)  # O_DIRECT reads of the NVMe tier (disk probe)
 pkg_check_modules(TOMLPP REQUIRED IMPORTED_TARGET tomlplusplus)  # configs (configs/*.toml)
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)  # strata serve (OpenAI-compatible HTTP)

@@ -20,5 +20,6 @@ Runner add_replay_command(CLI::App& app);
 Runner add_profile_command(CLI::App& app);
 Runner add_plan_command(CLI::App& app);
 Runner add_calibrate_command(CLI::App& app);
+Runner add_serve_command(CLI::App& app);
 
 }  // namespace strata::cli

@@ -7,21 +7,6 @@
 
 #include "cli/commands.h"
 
-namespace {
-
-struct Planned {
-  const char* name;
-  const char* what;
-  const char* issue;
-};
-
-// Commands of the design that are not built yet: they exist so that `strata --help` shows the
-// whole tool, and they fail with a clear message instead of pretending.
-constexpr Planned kPlanned[] = {
-    {"serve", "OpenAI-compatible HTTP server", "#9 (server)"},
-};
-
-}  // namespace
 
 int main(int argc, char** argv) {
   // The forward pass allocates per-layer activation buffers of megabytes (prefill). glibc would
@@ -48,18 +33,11 @@ int main(int argc, char** argv) {
       {"profile", strata::cli::add_profile_command},
       {"plan", strata::cli::add_plan_command},
       {"calibrate", strata::cli::add_calibrate_command},
+      {"serve", strata::cli::add_serve_command},
   };
   for (const auto& [name, add] : built) {
     strata::cli::Runner r = add(app);
     runners.emplace_back(app.get_subcommand(name), std::move(r));
-  }
-  for (const Planned& p : kPlanned) {
-    CLI::App* sub = app.add_subcommand(p.name, std::string(p.what) + " [not built yet]");
-    sub->allow_extras();
-    runners.emplace_back(sub, [p] {
-      std::fprintf(stderr, "strata %s: not built yet; it arrives with issue %s\n", p.name, p.issue);
-      return 2;
-    });
   }
 
   try {

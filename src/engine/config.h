@@ -66,6 +66,14 @@ struct Config {
   int prefetch_depth = 2;  // layers of routing look-ahead for NVMe prefetch
   std::string cache_policy = "lfu";
 
+  // [server]
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  int max_sequences = 4;  // sequences decoded together (continuous batching)
+  int max_queue = 16;     // requests waiting for a slot before new ones get 429
+  uint64_t max_body = uint64_t(4) << 20;
+  std::string api_key;    // empty: none
+
   // [hardware]: stated limits; the rest comes from the calibration cache
   HardwareLimits hardware;
 };

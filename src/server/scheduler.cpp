@@ -1,0 +1,222 @@
+#include "server/scheduler.h"
+
+#include <chrono>
+
+#include "engine/session.h"
+#include "engine/text_stream.h"
+
+namespace strata::server {
+
+bool Job::next(std::string& text) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !pieces_.empty() || done_; });
+  if (pieces_.empty()) return false;
+  text = std::move(pieces_.front());
+  pieces_.pop_front();
+  return true;
+}
+
+std::string Job::wait_all() {
+  std::string all, piece;
+  while (next(piece)) all += piece;
+  return all;
+}
+
+CompletionSummary Job::summary() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return summary_;
+}
+
+void Job::push(std::string_view text) {
+  if (text.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pieces_.emplace_back(text);
+  }
+  cv_.notify_all();
+}
+
+void Job::finish(CompletionSummary s) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    summary_ = std::move(s);
+    done_ = true;
+  }
+  cv_.notify_all();
+}
+
+struct Scheduler::Slot {
+  std::unique_ptr<Session> session;  // allocated at first use, reused
+  std::shared_ptr<Job> job;
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<TextStream> stream;
+  std::vector<TokenId> history;
+  std::vector<TokenId> step;  // tokens of the next forward pass
+  int generated = 0;
+};
+
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+Scheduler::Scheduler(const Model& model, const Tokenizer& tok, SchedulerOptions o)
+    : model_(model), tok_(tok), o_(o) {
+  STRATA_CHECK(o_.max_sequences >= 1 && o_.max_queue >= 0 && o_.ctx >= 2);
+  for (int i = 0; i < o_.max_sequences; ++i) slots_.push_back(std::make_unique<Slot>());
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  for (auto& job : queue_) job->finish({0, 0, "cancelled", "the server is shutting down"});
+}
+
+Result<std::shared_ptr<Job>> Scheduler::submit(CompletionRequest r) {
+  if (r.prompt.empty()) return Error{"the prompt is empty"};
+  if (int64_t(r.prompt.size()) + 1 > o_.ctx) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++m_.requests_rejected;
+    return Error{strfmt("context_length_exceeded: the prompt has %zu tokens; the context of a sequence is %d",
+                        r.prompt.size(), o_.ctx)};
+  }
+  auto job = std::make_shared<Job>(std::move(r));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    int free = 0;
+    for (const auto& s : slots_) free += s->job == nullptr;
+    if (int(queue_.size()) >= o_.max_queue + free) {
+      ++m_.requests_rejected;
+      return Error{strfmt("queue full: %d sequences running and %zu requests waiting", o_.max_sequences, queue_.size())};
+    }
+    queue_.push_back(job);
+    ++m_.requests_total;
+  }
+  cv_.notify_all();
+  return job;
+}
+
+SchedulerMetrics Scheduler::metrics() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  SchedulerMetrics m = m_;
+  m.queued = int(queue_.size());
+  m.active = 0;
+  for (const auto& s : slots_) m.active += s->job != nullptr;
+  if (recent_.size() >= 2) {
+    const double dt = recent_.back().first - recent_.front().first;
+    if (dt > 0) m.tokens_per_second = double(recent_.back().second - recent_.front().second) / dt;
+  }
+  return m;
+}
+
+void Scheduler::loop() {
+  std::vector<Session*> sessions;
+  std::vector<std::vector<int32_t>> steps;
+  std::vector<Slot*> running;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      auto has_work = [&] {
+        for (const auto& s : slots_)
+          if (s->job) return true;
+        return !queue_.empty();
+      };
+      cv_.wait(lock, [&] { return stop_ || has_work(); });
+      if (stop_) break;
+      // sequences join between steps
+      for (auto& s : slots_) {
+        if (s->job || queue_.empty()) continue;
+        s->job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+    }
+    // set up newly admitted slots; drop cancelled ones
+    running.clear();
+    for (auto& sp : slots_) {
+      Slot& s = *sp;
+      if (!s.job) continue;
+      if (s.job->cancelled()) {
+        s.job->finish({int(s.job->request.prompt.size()), s.generated, "cancelled", ""});
+        std::lock_guard<std::mutex> lock(mu_);
+        ++m_.requests_cancelled;
+        s.job.reset();
+        continue;
+      }
+      if (!s.sampler) {
+        const CompletionRequest& r = s.job->request;
+        if (!s.session) s.session = std::make_unique<Session>(model_, o_.ctx);
+        s.session->reset();
+        s.sampler = std::make_unique<Sampler>(r.sampling);
+        s.stream = std::make_unique<TextStream>(r.stop);
+        s.history.clear();
+        s.step = r.prompt;
+        s.generated = 0;
+        std::lock_guard<std::mutex> lock(mu_);
+        m_.prompt_tokens_total += int64_t(r.prompt.size());
+      }
+      running.push_back(&s);
+    }
+    if (running.empty()) continue;
+
+    sessions.clear();
+    steps.clear();
+    for (Slot* s : running) {
+      sessions.push_back(s->session.get());
+      steps.push_back(s->step);
+    }
+    const double t0 = now_s();
+    auto logits = Session::eval_batch(sessions, steps);
+    const double t1 = now_s();
+    const size_t V = size_t(model_.hparams().n_vocab);
+    int64_t produced = 0;
+    for (size_t i = 0; i < running.size(); ++i) {
+      Slot& s = *running[i];
+      const CompletionRequest& r = s.job->request;
+      std::string finish;
+      std::string error;
+      if (!logits) {
+        finish = "error";
+        error = logits.error().message;
+      } else {
+        s.history.insert(s.history.end(), s.step.begin(), s.step.end());
+        const TokenId next = s.sampler->sample(std::span<const float>(logits->data() + i * V, V), s.history);
+        if (!r.ignore_eos && tok_.is_eog(next)) {
+          finish = "stop";
+        } else {
+          ++s.generated;
+          ++produced;
+          s.job->push(s.stream->push(tok_.token_to_piece(next, false)));
+          if (s.stream->stopped()) finish = "stop";
+          else if (s.generated >= r.max_tokens || s.session->n_past() + 1 >= o_.ctx) finish = "length";
+          s.step.assign(1, next);
+        }
+      }
+      if (!finish.empty()) {
+        s.job->push(s.stream->flush());
+        s.job->finish({int(r.prompt.size()), s.generated, finish, error});
+        s.job.reset();
+        s.sampler.reset();
+        s.stream.reset();
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    m_.completion_tokens_total += produced;
+    ++m_.steps_total;
+    m_.busy_seconds += t1 - t0;
+    recent_.emplace_back(t1, m_.completion_tokens_total);
+    while (recent_.size() > 2 && t1 - recent_.front().first > 10.0) recent_.pop_front();
+  }
+  // shutting down: finish what is still running
+  for (auto& s : slots_) {
+    if (s->job) s->job->finish({int(s->job->request.prompt.size()), s->generated, "cancelled", "the server is shutting down"});
+    s->job.reset();
+  }
+}
+
+}  // namespace strata::server

@@ -1,0 +1,113 @@
+// Continuous batching: requests wait in a bounded queue, take one of max_sequences slots (a
+// Session each), and every step evaluates all active slots in one forward pass
+// (Session::eval_batch: each expert's weights read once for every sequence routed to it). A new
+// request's prompt is evaluated in the step it joins, beside the others' decodes; a finished or
+// cancelled sequence leaves between steps and its slot is reused.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/error.h"
+#include "engine/sampler.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
+
+namespace strata::server {
+
+struct CompletionRequest {
+  std::vector<TokenId> prompt;
+  SamplerParams sampling;
+  int max_tokens = 256;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+};
+
+struct CompletionSummary {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  std::string finish_reason;  // "stop", "length", "cancelled", "error"
+  std::string error;          // for "error"
+};
+
+// One request in flight: the scheduler appends text and finally a summary; the HTTP side reads
+// them (next) and may cancel (a client that went away).
+class Job {
+ public:
+  explicit Job(CompletionRequest r) : request(std::move(r)) {}
+  const CompletionRequest request;
+
+  // Waits for text or the end. Returns false once everything was read and the job is done.
+  bool next(std::string& text);
+  // Everything at once (non-streaming): waits for the end.
+  std::string wait_all();
+  CompletionSummary summary() const;
+  void cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+
+  // scheduler side
+  void push(std::string_view text);
+  void finish(CompletionSummary s);
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::string> pieces_;
+  bool done_ = false;
+  CompletionSummary summary_;
+  std::atomic<bool> cancelled_{false};
+};
+
+struct SchedulerOptions {
+  int max_sequences = 4;  // slots: sequences decoded together
+  int max_queue = 16;     // requests waiting for a slot before new ones are refused
+  int ctx = 4096;         // context of each slot
+};
+
+struct SchedulerMetrics {
+  int64_t requests_total = 0, requests_rejected = 0, requests_cancelled = 0;
+  int64_t prompt_tokens_total = 0, completion_tokens_total = 0;
+  int64_t steps_total = 0;
+  int active = 0, queued = 0;
+  double tokens_per_second = 0;  // completion tokens over the last few seconds
+  double busy_seconds = 0;        // time spent in forward passes
+};
+
+class Scheduler {
+ public:
+  Scheduler(const Model& model, const Tokenizer& tok, SchedulerOptions o);
+  ~Scheduler();  // finishes every job (cancelled) and joins the thread
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a job. Errors (nothing queued): an empty prompt, a prompt that leaves no room in a
+  // slot's context ("context_length_exceeded"), a full queue ("queue full").
+  Result<std::shared_ptr<Job>> submit(CompletionRequest r);
+  SchedulerMetrics metrics() const;
+  const SchedulerOptions& options() const { return o_; }
+
+ private:
+  struct Slot;
+  void loop();
+
+  const Model& model_;
+  const Tokenizer& tok_;
+  const SchedulerOptions o_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  bool stop_ = false;
+  SchedulerMetrics m_;
+  std::deque<std::pair<double, int64_t>> recent_;  // (time, completion tokens so far) samples
+  std::thread thread_;
+};
+
+}  // namespace strata::server
