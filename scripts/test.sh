@@ -8,3 +8,5 @@ build=${STRATA_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${STRATA_CMAKE_ARGS:-}
 cmake --build "$build" -j "$(nproc)"
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)"
+# the official OpenAI client (npm) against strata serve; SKIPPED without Node.js or registry access
+STRATA_BUILD_DIR="$build" bash scripts/openai-client-check.sh
