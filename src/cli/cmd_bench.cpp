@@ -27,6 +27,7 @@ struct BenchOptions {
   CommonOptions common;
   std::vector<int> n_prompt;  // empty (with n_gen empty): the standard sweep
   std::vector<int> n_gen;
+  std::vector<int> streams{1};  // decode tests: sequences decoded together (continuous batching)
   int depth = 0;
   int reps = 3;
   bool profile = false;
@@ -36,7 +37,10 @@ struct BenchOptions {
 struct Test {
   bool prefill = true;
   int n = 0;
-  std::string name() const { return strfmt("%s%d", prefill ? "pp" : "tg", n); }
+  int streams = 1;  // decode: sequences stepped together; tok/s is their sum
+  std::string name() const {
+    return strfmt("%s%d", prefill ? "pp" : "tg", n) + (streams > 1 ? strfmt(" x%d", streams) : std::string());
+  }
 };
 
 struct TestResult {
@@ -98,7 +102,8 @@ int run_bench(const BenchOptions& o) {
   for (int n : sweep ? std::vector<int>{512, 4096} : o.n_prompt)
     if (n > 0) tests.push_back({true, n});
   for (int n : sweep ? std::vector<int>{128} : o.n_gen)
-    if (n > 0) tests.push_back({false, n});
+    for (int st : o.streams)
+      if (n > 0 && st > 0) tests.push_back({false, n, st});
 
   cpu::ThreadPool& pool = cpu::compute_pool();
   const std::string backend = "CPU " + std::string(cpu::isa_name());
@@ -124,10 +129,15 @@ int run_bench(const BenchOptions& o) {
     std::vector<int32_t> tokens(size_t(o.depth + t.n));
     for (auto& id : tokens) id = int32_t(rng() % uint32_t(m.hparams().n_vocab));
     for (int rep = 0; rep < o.reps; ++rep) {
-      Session s(m, int(need));
+      // decode tests step `streams` sequences together; prefill tests use the first only
+      std::vector<std::unique_ptr<Session>> seqs;
+      for (int i = 0; i < (t.prefill ? 1 : t.streams); ++i) seqs.push_back(std::make_unique<Session>(m, int(need)));
+      Session& s = *seqs[0];
       if (o.depth > 0) {
-        auto l = s.eval(std::span<const int32_t>(tokens.data(), size_t(o.depth)));
-        if (!l) return fail(l.error().message);
+        for (auto& q : seqs) {
+          auto l = q->eval(std::span<const int32_t>(tokens.data(), size_t(o.depth)));
+          if (!l) return fail(l.error().message);
+        }
       }
       // the machine's limit just before the timed part
       const double limit = t.prefill ? cpu::measure_int8_peak_gops(pool) : cpu::measure_read_gbps(pool);
@@ -138,16 +148,22 @@ int run_bench(const BenchOptions& o) {
         auto l = s.eval(std::span<const int32_t>(tokens.data() + o.depth, size_t(t.n)));
         if (!l) return fail(l.error().message);
       } else {
-        int32_t next = tokens[size_t(o.depth)];
+        std::vector<Session*> batch;
+        std::vector<std::vector<int32_t>> next;
+        for (size_t i = 0; i < seqs.size(); ++i) {
+          batch.push_back(seqs[i].get());
+          next.push_back({tokens[(size_t(o.depth) + i) % tokens.size()]});
+        }
+        const size_t V = size_t(m.hparams().n_vocab);
         for (int i = 0; i < t.n; ++i) {
-          auto l = s.eval(std::span<const int32_t>(&next, 1));
+          auto l = Session::eval_batch(batch, next);
           if (!l) return fail(l.error().message);
-          next = argmax(*l);
+          for (size_t q = 0; q < batch.size(); ++q) next[q] = {argmax(std::span<const float>(l->data() + q * V, V))};
         }
       }
       const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       prof::enable(false);
-      r.tok_per_s.push_back(t.n / sec);
+      r.tok_per_s.push_back(double(t.n) * (t.prefill ? 1 : t.streams) / sec);
       if (t.prefill) {
         // 2 ops per weight per token; the output head runs for the last token only
         const double out = double(sm.roles[int(TensorRole::output)].n_params);
@@ -155,7 +171,9 @@ int run_bench(const BenchOptions& o) {
         r.limit_fraction = limit > 0 ? gops / limit : 0;
         r.limit_text = strfmt("%.0f GOP/s = %.2f of int8 peak %.0f", gops, r.limit_fraction, limit);
       } else {
-        const double gbs = double(sm.active_bytes_per_token) * t.n / sec / 1e9;
+        // bytes one sequence's token needs, over all tokens produced (streams share reads: above 1
+        // of the roofline means batching paid)
+        const double gbs = double(sm.active_bytes_per_token) * t.n * t.streams / sec / 1e9;
         r.limit_fraction = limit > 0 ? gbs / limit : 0;
         r.limit_text = strfmt("%.1f GB/s = %.2f of DRAM %.1f GB/s", gbs, r.limit_fraction, limit);
       }
@@ -183,6 +201,7 @@ int run_bench(const BenchOptions& o) {
                      {"n_prompt", r.test.prefill ? r.test.n : 0},
                      {"n_gen", r.test.prefill ? 0 : r.test.n},
                      {"n_depth", o.depth},
+                     {"streams", r.test.prefill ? 1 : r.test.streams},
                      {"avg_ts", mean(r.tok_per_s)},
                      {"stddev_ts", stddev(r.tok_per_s)},
                      {"samples_ts", r.tok_per_s},
@@ -205,6 +224,8 @@ Runner add_bench_command(CLI::App& app) {
   sub->add_option("-p,--n-prompt", o->n_prompt, "prompt lengths, prefilled in one batch (comma list)")
       ->delimiter(',')->check(CLI::NonNegativeNumber);
   sub->add_option("-n,--n-gen", o->n_gen, "decoded token counts (comma list)")->delimiter(',')->check(CLI::NonNegativeNumber);
+  sub->add_option("-s,--streams", o->streams, "decode tests: sequences decoded together, tok/s summed (comma list, e.g. 1,2,4)")
+      ->delimiter(',')->check(CLI::PositiveNumber);
   sub->add_option("-d,--depth", o->depth, "tokens of context before each test")->check(CLI::NonNegativeNumber);
   sub->add_option("-r,--reps", o->reps, "repetitions of each test (default 3)")->check(CLI::PositiveNumber);
   sub->add_flag("--profile", o->profile, "print each test's time per token by part of the layer");
