@@ -142,10 +142,16 @@ void Scheduler::loop() {
       Slot& s = *sp;
       if (!s.job) continue;
       if (s.job->cancelled()) {
-        s.job->finish({int(s.job->request.prompt.size()), s.generated, "cancelled", ""});
-        std::lock_guard<std::mutex> lock(mu_);
-        ++m_.requests_cancelled;
-        s.job.reset();
+        std::shared_ptr<Job> job;
+        {
+          // the slot is free (metrics see it) before the job says it is done
+          std::lock_guard<std::mutex> lock(mu_);
+          ++m_.requests_cancelled;
+          job = std::move(s.job);
+        }
+        s.sampler.reset();
+        s.stream.reset();
+        job->finish({int(job->request.prompt.size()), s.generated, "cancelled", ""});
         continue;
       }
       if (!s.sampler) {
@@ -174,7 +180,6 @@ void Scheduler::loop() {
     auto logits = Session::eval_batch(sessions, steps);
     const double t1 = now_s();
     const size_t V = size_t(model_.hparams().n_vocab);
-    int64_t produced = 0;
     for (size_t i = 0; i < running.size(); ++i) {
       Slot& s = *running[i];
       const CompletionRequest& r = s.job->request;
@@ -190,7 +195,10 @@ void Scheduler::loop() {
           finish = "stop";
         } else {
           ++s.generated;
-          ++produced;
+          {
+            std::lock_guard<std::mutex> lock(mu_);  // counted before the job can finish
+            ++m_.completion_tokens_total;
+          }
           s.job->push(s.stream->push(tok_.token_to_piece(next, false)));
           if (s.stream->stopped()) finish = "stop";
           else if (s.generated >= r.max_tokens || s.session->n_past() + 1 >= o_.ctx) finish = "length";
@@ -199,14 +207,17 @@ void Scheduler::loop() {
       }
       if (!finish.empty()) {
         s.job->push(s.stream->flush());
-        s.job->finish({int(r.prompt.size()), s.generated, finish, error});
-        s.job.reset();
+        std::shared_ptr<Job> job;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          job = std::move(s.job);
+        }
         s.sampler.reset();
         s.stream.reset();
+        job->finish({int(job->request.prompt.size()), s.generated, finish, error});
       }
     }
     std::lock_guard<std::mutex> lock(mu_);
-    m_.completion_tokens_total += produced;
     ++m_.steps_total;
     m_.busy_seconds += t1 - t0;
     recent_.emplace_back(t1, m_.completion_tokens_total);
