@@ -559,3 +559,35 @@ TEST(SimdExpSum, MatchesStdExp) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// The f16 KV cache is widened through half_to_float: every one of the 65536 halves, at ragged
+// tails, bit-identical to the scalar conversion (NaNs: NaN; the hardware quiets signalling ones).
+TEST(SimdHalfToFloat, EveryHalfBitIdentical) {
+  std::vector<uint16_t> all(65536 + 13);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = uint16_t(i * 40503u);  // every value, shuffled
+  for (size_t i = 0; i < 65536; ++i) all[i] = uint16_t(i);
+  for (CpuIsa isa : {CpuIsa::scalar, CpuIsa::avx2, CpuIsa::avx512}) {
+    if (!cpu::isa_supported(isa)) continue;
+    const cpu::HalfToFloatFn fn = cpu::cpu_kernels(isa).half_to_float;
+    ASSERT_NE(fn, nullptr);
+    for (int64_t n : {int64_t(all.size()), int64_t(1), int64_t(7), int64_t(15), int64_t(17), int64_t(33)}) {
+      std::vector<float> y(size_t(n) + 1, 12345.0f);
+      fn(all.data(), y.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const float want = fp16_to_f32(all[size_t(i)]);
+        if (std::isnan(want)) {
+          ASSERT_TRUE(std::isnan(y[size_t(i)])) << cpu::isa_name(isa);
+          continue;
+        }
+        ASSERT_EQ(f32_to_bits(y[size_t(i)]), f32_to_bits(want)) << cpu::isa_name(isa) << " half 0x" << std::hex << all[size_t(i)];
+      }
+      ASSERT_EQ(y[size_t(n)], 12345.0f) << cpu::isa_name(isa) << " wrote past " << n;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata

@@ -131,7 +131,7 @@ int run_bench(const BenchOptions& o) {
     for (int rep = 0; rep < o.reps; ++rep) {
       // decode tests step `streams` sequences together; prefill tests use the first only
       std::vector<std::unique_ptr<Session>> seqs;
-      for (int i = 0; i < (t.prefill ? 1 : t.streams); ++i) seqs.push_back(std::make_unique<Session>(m, int(need)));
+      for (int i = 0; i < (t.prefill ? 1 : t.streams); ++i) seqs.push_back(std::make_unique<Session>(m, int(need), cpu::MatmulPath::quantized, loaded->config.kv_type));
       Session& s = *seqs[0];
       if (o.depth > 0) {
         for (auto& q : seqs) {

@@ -64,7 +64,7 @@ std::string today() {
 Status measure_engine(const Config& c, HardwareLimits& h, std::string& line) {
   auto m = Model::load(c.model_path, c.load);
   if (!m) return m.error();
-  auto pm = plan_model_from_gguf((*m)->file());
+  auto pm = plan_model_from_gguf((*m)->file(), c.kv_type);
   if (!pm) return pm.error();
   Config cpu_only = c;
   cpu_only.vram_budget = 0;
@@ -84,7 +84,7 @@ Status measure_engine(const Config& c, HardwareLimits& h, std::string& line) {
   for (auto& t : tokens) t = int32_t(rng() % uint32_t((*m)->hparams().n_vocab));
   double best_p = 0, best_d = 0;
   for (int round = 0; round < 2; ++round) {
-    Session s(**m, n_prompt + n_gen + 1);
+    Session s(**m, n_prompt + n_gen + 1, cpu::MatmulPath::quantized, c.kv_type);
     auto t0 = std::chrono::steady_clock::now();
     auto l = s.eval(tokens);
     if (!l) return l.error();

@@ -60,7 +60,7 @@ int run_chat(ChatCliOptions o) {
   }
   // a chat allocates its whole context up front: 4096 positions unless model.ctx says otherwise
   const int ctx = int(context_limit(m, loaded->config, 4096));
-  Session session(m, ctx);
+  Session session(m, ctx, cpu::MatmulPath::quantized, loaded->config.kv_type);
   o.sampling.seed = std::random_device{}();
   Sampler sampler(o.sampling);
   std::fprintf(stderr, "strata chat: %s, template %s, context %d; an empty line or end of input ends the chat\n",

@@ -61,7 +61,7 @@ int run_plan(const PlanCliOptions& o) {
     model_label = c.model_path;
   }
   if (!file) return fail(file.error().message);
-  auto pm = plan_model_from_gguf(*file);
+  auto pm = plan_model_from_gguf(*file, c.kv_type);
   if (!pm) return fail(pm.error().message);
 
   // the machine: the config's [hardware], the rest from this machine's calibration cache

@@ -88,7 +88,7 @@ int run_profile(const ProfileOptions& o) {
     return fail(strfmt("%d + %d tokens exceed the context of %lld", o.n_prompt, o.n_gen,
                        static_cast<long long>(context_limit(m, config))));
   }
-  Session session(m, int(need));
+  Session session(m, int(need), cpu::MatmulPath::quantized, config.kv_type);
   Sampler sampler(SamplerParams{.temperature = 0.0f});
 
   prof::reset();
@@ -127,7 +127,7 @@ int run_profile(const ProfileOptions& o) {
   const double spans_share = wall_ns > 0 ? double(snap.spans_ns()) / double(wall_ns) : 0.0;
   // bytes the CPU reads per decoded token: the active weights, and the KV cache of the positions
   // attended to (on average the middle of the decode)
-  const double kv_bytes = double(kv_bytes_per_token(m.hparams())) * (o.n_prompt + o.n_gen / 2.0);
+  const double kv_bytes = double(kv_bytes_per_token(m.hparams(), session.kv_type())) * (o.n_prompt + o.n_gen / 2.0);
   const double weight_bytes = double(sm.active_bytes_per_token);
   const double cpu_s = double(snap.link_ns[size_t(prof::Link::cpu)]) / 1e9 / n;
   const double cpu_gbps = cpu_s > 0 ? (weight_bytes + kv_bytes) / cpu_s / 1e9 : 0.0;

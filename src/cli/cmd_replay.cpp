@@ -116,11 +116,11 @@ Result<PlanModel> budget_model(const ReplayArgs& a, const Config& c) {
     const std::vector<uint8_t> header = sp->writer.header_bytes();
     auto f = GgufFile::parse_header(header, sp->writer.file_size(), std::string(shape->name));
     if (!f) return f.error();
-    return plan_model_from_gguf(*f);
+    return plan_model_from_gguf(*f, c.kv_type);
   }
   auto f = GgufFile::open(c.model_path, MappedFile::Mode::mmap);
   if (!f) return f.error();
-  return plan_model_from_gguf(*f);
+  return plan_model_from_gguf(*f, c.kv_type);
 }
 
 HardwareLimits machine_limits(const Config& c) {

@@ -52,7 +52,7 @@ int run_generate(RunOptions o) {
   }
   const int ctx = int(std::min<int64_t>(limit, int64_t(ids.size()) + o.gen.n_predict));
   if (!o.seed_given) o.sampling.seed = std::random_device{}();
-  Session session(m, ctx);
+  Session session(m, ctx, cpu::MatmulPath::quantized, loaded->config.kv_type);
   Sampler sampler(o.sampling);
 
   std::printf("%s", o.prompt.c_str());

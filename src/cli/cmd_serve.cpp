@@ -59,6 +59,7 @@ int run_serve(ServeOptions o) {
   so.max_sequences = c.max_sequences;
   so.max_queue = c.max_queue;
   so.ctx = int(context_limit(m, c, 4096));
+  so.kv_type = c.kv_type;
   server::Scheduler scheduler(m, *tok, so);
   server::HttpOptions ho;
   ho.host = c.host;

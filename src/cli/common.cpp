@@ -69,7 +69,7 @@ Result<Loaded> load_model(const CommonOptions& o, const char* cmd) {
   const int64_t ctx_for_budget = c.ctx > 0 ? std::min<int64_t>(c.ctx, std::max(hp->n_ctx_train, 1))
                                            : std::min<int64_t>(4096, std::max(hp->n_ctx_train, 1));
   const int n_gpus = c.vram_budget > 0 ? int(list_gpu_devices().devices.size()) : 0;
-  auto budget = check_budgets(c, *s, kv_bytes_per_token(*hp) * uint64_t(ctx_for_budget), system_memory(), n_gpus);
+  auto budget = check_budgets(c, *s, kv_bytes_per_token(*hp, c.kv_type) * uint64_t(ctx_for_budget), system_memory(), n_gpus);
   if (!budget) return budget.error();
   for (const std::string& note : budget->notes) std::fprintf(stderr, "%s: %s\n", cmd, note.c_str());
 

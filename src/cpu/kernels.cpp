@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "base/error.h"
+#include "cpu/fp16.h"
 
 namespace strata::cpu {
 namespace {
@@ -21,6 +22,7 @@ KernelTable reference_table() {
     t.quantize_row[size_t(a)] = quant_traits(a).from_float;
   t.sgemm = detail::sgemm_ref;
   t.exp_sum = detail::exp_sum_ref;
+  t.half_to_float = detail::half_to_float_ref;
   return t;
 }
 
@@ -34,12 +36,14 @@ KernelTable build_table(CpuIsa isa) {
     detail::add_avx2_gemm(t.gemm.data());
     t.sgemm = detail::sgemm_avx2;
     t.exp_sum = detail::exp_sum_avx2;
+    t.half_to_float = detail::half_to_float_avx2;
   }
   if (isa >= CpuIsa::avx512) {
     detail::add_avx512_kernels(t.vec_dot.data(), t.quantize_row.data());
     detail::add_avx512_gemm(t.gemm.data());
     t.sgemm = detail::sgemm_avx512;
     t.exp_sum = detail::exp_sum_avx512;
+    t.half_to_float = detail::half_to_float_avx512;
   }
 #endif
   return t;
@@ -55,6 +59,10 @@ void detail::sgemm_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t 
       for (int64_t k = 0; k < K; ++k) s += double(A[m * lda + k]) * double(B[k * ldb + n]);
       C[m * ldc + n] = float(s);
     }
+}
+
+void detail::half_to_float_ref(const uint16_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = fp16_to_f32(x[i]);
 }
 
 float detail::exp_sum_ref(const float* x, float* y, int64_t n, float max) {

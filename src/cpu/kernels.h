@@ -54,6 +54,10 @@ using SgemmFn = void (*)(int64_t M, int64_t N, int64_t K, const float* A, int64_
 // error a few float ulps, as ggml's vectorised expf).
 using ExpSumFn = float (*)(const float* x, float* y, int64_t n, float max);
 
+// y[i] = the IEEE half x[i] as a float, for i < n (exact: every half is a float). The f16 KV
+// cache is read through it.
+using HalfToFloatFn = void (*)(const uint16_t* x, float* y, int64_t n);
+
 struct KernelTable {
   CpuIsa isa = CpuIsa::scalar;
   // vec_dot[weight type](n, w, a): one weight row . one activation row in the weight type's
@@ -67,6 +71,7 @@ struct KernelTable {
   std::array<GemmFn, kKernelTypeCount> gemm{};
   SgemmFn sgemm = nullptr;  // never null
   ExpSumFn exp_sum = nullptr;  // never null
+  HalfToFloatFn half_to_float = nullptr;  // never null
 
   VecDotFn dot(GgmlType weight) const { return vec_dot[size_t(weight)]; }
   // One tile of y = W a (GemmFn's contract) with the best kernel this table has for the type.
@@ -120,6 +125,9 @@ void sgemm_avx512(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, 
 void sgemm_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
                float* C, int64_t ldc, bool accumulate);
 float exp_sum_ref(const float* x, float* y, int64_t n, float max);
+void half_to_float_ref(const uint16_t* x, float* y, int64_t n);
+void half_to_float_avx2(const uint16_t* x, float* y, int64_t n);
+void half_to_float_avx512(const uint16_t* x, float* y, int64_t n);
 float exp_sum_avx2(const float* x, float* y, int64_t n, float max);
 float exp_sum_avx512(const float* x, float* y, int64_t n, float max);
 }  // namespace detail

@@ -118,6 +118,13 @@ const std::vector<KeySpec>& key_specs() {
          c.load = v == "ram" ? MappedFile::Mode::ram : v == "mmap" ? MappedFile::Mode::mmap : MappedFile::Mode::automatic;
          return std::nullopt;
        }},
+      {"model", "kv_type", "KV cache entries: f16 (half the memory and bytes per token) or f32",
+       [](const toml::node& n, Config& c) -> std::optional<std::string> {
+         std::string v;
+         if (auto e = read_choice(n, {"f16", "f32"}, v)) return e;
+         c.kv_type = v == "f32" ? KvType::f32 : KvType::f16;
+         return std::nullopt;
+       }},
       {"budgets", "ram", "host memory for weights, KV cache and expert cache (a size, or \"auto\")",
        [](const toml::node& n, Config& c) -> std::optional<std::string> {
          if (n.is_string() && lower(n.as_string()->get()) == "auto") {

@@ -15,6 +15,7 @@
 
 #include "base/error.h"
 #include "base/mapped_file.h"
+#include "engine/kv_cache.h"
 #include "model/model_info.h"
 
 namespace strata {
@@ -52,6 +53,7 @@ struct Config {
   std::string model_path;  // empty: the bundled model
   int ctx = 0;             // context cap; 0: the model's training context
   MappedFile::Mode load = MappedFile::Mode::automatic;
+  KvType kv_type = KvType::f16;  // GQA KV cache entries (the exact path is always float)
 
   // [budgets]; nullopt: automatic (ram: what the machine has available; vram: none)
   std::optional<uint64_t> ram_budget;

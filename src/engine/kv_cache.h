@@ -1,4 +1,7 @@
-// Per-layer attention cache in float. Positions are appended in order; rows never move.
+// Per-layer attention cache. Positions are appended in order; rows never move. GQA caches hold
+// float or IEEE half entries (KvType; half by default on the quantized path, as llama.cpp's
+// default cache: half the memory and half the bytes each decoded token reads); MLA's latent rows
+// are float.
 //
 // K has two layouts. By position (k_row): [n_ctx][k_width], for MLA's latent rows. Transposed in
 // blocks of kKeyBlock positions (GQA caches, k_heads > 0): [k_heads][n_ctx / kKeyBlock][head_dim]
@@ -11,17 +14,24 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/error.h"
+
 namespace strata {
 
+enum class KvType { f32, f16 };
+
 struct KvCache {
+  KvType type = KvType::f32;
   int n_ctx = 0;
   int k_width = 0;  // floats per position of k (GQA: n_head_kv * head_dim; MLA: kv_lora + rope)
   int v_width = 0;  // floats per position of v (0 when v is derived from k, as in MLA)
   int k_heads = 0;  // > 0: K stored by dimension (k_col), k_width = k_heads * head dim
-  std::vector<std::vector<float>> k;  // [layer][n_ctx][k_width]
-  std::vector<std::vector<float>> v;  // [layer][k_heads][n_ctx][v_width / k_heads] (GQA only)
+  std::vector<std::vector<float>> k;  // [layer][n_ctx][k_width] (f32)
+  std::vector<std::vector<float>> v;  // [layer][k_heads][n_ctx][v_width / k_heads] (GQA only, f32)
+  std::vector<std::vector<uint16_t>> k16, v16;  // the same layouts in half (GQA, KvType::f16)
 
   void init(int n_layer, int ctx, int kw, int vw) {
+    type = KvType::f32;
     n_ctx = ctx;
     k_width = kw;
     v_width = vw;
@@ -30,27 +40,56 @@ struct KvCache {
   }
   static constexpr int kKeyBlock = 32;
   // K stored in transposed key blocks, GQA: n_head_kv heads of head_dim floats per position.
-  void init_key_blocks(int n_layer, int ctx, int n_head_kv, int head_dim, int vw) {
+  void init_key_blocks(int n_layer, int ctx, int n_head_kv, int head_dim, int vw, KvType t = KvType::f32) {
     const int padded = (ctx + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
+    type = t;
     n_ctx = ctx;
     k_width = n_head_kv * head_dim;
     v_width = vw;
     k_heads = n_head_kv;
-    k.assign(size_t(n_layer), std::vector<float>(size_t(padded) * size_t(k_width)));
-    v.assign(size_t(n_layer), std::vector<float>(size_t(ctx) * size_t(vw)));
+    const size_t nk = size_t(padded) * size_t(k_width), nv = size_t(ctx) * size_t(vw);
+    if (t == KvType::f16) {
+      k16.assign(size_t(n_layer), std::vector<uint16_t>(nk));
+      v16.assign(size_t(n_layer), std::vector<uint16_t>(nv));
+      k.clear();
+      v.clear();
+    } else {
+      k.assign(size_t(n_layer), std::vector<float>(nk));
+      v.assign(size_t(n_layer), std::vector<float>(nv));
+      k16.clear();
+      v16.clear();
+    }
+  }
+  // Bytes of cache per position, all layers.
+  size_t bytes_per_position() const {
+    const size_t layers = type == KvType::f16 ? k16.size() : k.size();
+    return layers * size_t(k_width + v_width) * (type == KvType::f16 ? 2 : 4);
   }
   float* k_row(int layer, int64_t pos) { return k[size_t(layer)].data() + size_t(pos) * size_t(k_width); }
   // The key block holding positions [block * kKeyBlock, +kKeyBlock) of head `head`:
   // [head_dim][kKeyBlock] floats, element (d, pos % kKeyBlock).
-  float* k_block(int layer, int head, int64_t block) {
+  size_t k_block_offset(int head, int64_t block) const {
     const size_t head_dim = size_t(k_width / k_heads);
     const size_t n_blocks = (size_t(n_ctx) + kKeyBlock - 1) / kKeyBlock;
-    return k[size_t(layer)].data() + ((size_t(head) * n_blocks + size_t(block)) * head_dim) * kKeyBlock;
+    return ((size_t(head) * n_blocks + size_t(block)) * head_dim) * kKeyBlock;
+  }
+  float* k_block(int layer, int head, int64_t block) {
+    STRATA_CHECK(type == KvType::f32);
+    return k[size_t(layer)].data() + k_block_offset(head, block);
+  }
+  uint16_t* k_block16(int layer, int head, int64_t block) {
+    STRATA_CHECK(type == KvType::f16);
+    return k16[size_t(layer)].data() + k_block_offset(head, block);
   }
   // V by head (GQA caches): [k_heads][n_ctx][head_dim_v]; the rows one head attends over are
   // contiguous. Element (pos, i) of head h: v_head(layer, h)[pos * head_dim_v + i].
   float* v_head(int layer, int head) {
+    STRATA_CHECK(type == KvType::f32);
     return v[size_t(layer)].data() + size_t(head) * size_t(n_ctx) * size_t(v_width / k_heads);
+  }
+  uint16_t* v_head16(int layer, int head) {
+    STRATA_CHECK(type == KvType::f16);
+    return v16[size_t(layer)].data() + size_t(head) * size_t(n_ctx) * size_t(v_width / k_heads);
   }
 };
 

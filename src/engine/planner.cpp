@@ -21,7 +21,7 @@ uint64_t PlanModel::expert_bytes_total() const {
   return t;
 }
 
-Result<PlanModel> plan_model_from_gguf(const GgufFile& f) {
+Result<PlanModel> plan_model_from_gguf(const GgufFile& f, KvType kv) {
   auto s = summarize_model(f);
   if (!s) return s.error();
   auto hp = hparams_from_gguf(f);
@@ -34,7 +34,7 @@ Result<PlanModel> plan_model_from_gguf(const GgufFile& f) {
   m.n_expert = int(s->n_expert);
   m.n_expert_used = int(s->n_expert_used);
   m.layers.resize(size_t(hp->n_layer));
-  const uint64_t kv_layer = kv_bytes_per_token(*hp) / uint64_t(std::max(hp->n_layer, 1));
+  const uint64_t kv_layer = kv_bytes_per_token(*hp, kv) / uint64_t(std::max(hp->n_layer, 1));
   for (auto& l : m.layers) l.kv_bytes_per_token = kv_layer;
   for (const GgufTensorInfo& t : f.tensors()) {
     const TensorRole role = classify_tensor(t.name);

@@ -43,11 +43,12 @@ struct PlanModel {
   uint64_t expert_bytes_total() const;
 };
 
-// Reads the inventory from a GGUF header (a real file or a header-only synthetic one).
-Result<PlanModel> plan_model_from_gguf(const GgufFile& f);
+// Reads the inventory from a GGUF header (a real file or a header-only synthetic one); the KV
+// cache with `kv` entries.
+Result<PlanModel> plan_model_from_gguf(const GgufFile& f, KvType kv = KvType::f16);
 
 struct PlanOptions {
-  int64_t ctx = 4096;      // KV cache positions planned for
+  int64_t ctx = 4096;      // KV cache positions planned for (their bytes: PlanModel's kv_bytes_per_token)
   int prompt_tokens = 512;  // prefill prediction
   // GPU-side work buffers, reserved out of budgets.vram when there is a GPU
   uint64_t vram_scratch = uint64_t(512) << 20;

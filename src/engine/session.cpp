@@ -25,9 +25,9 @@ void run_forward(const Model& m, const cpu::CpuBackend& be, std::span<const SeqS
 }
 }  // namespace
 
-Session::Session(const Model& model, int n_ctx, cpu::MatmulPath path)
+Session::Session(const Model& model, int n_ctx, cpu::MatmulPath path, KvType kv)
     : model_(model), backend_(path) {
-  init_cache(model, n_ctx, cache_);
+  init_cache(model, n_ctx, cache_, path == cpu::MatmulPath::exact ? KvType::f32 : kv);
 }
 
 Result<std::vector<float>> Session::eval(std::span<const int32_t> tokens, bool all_logits) {

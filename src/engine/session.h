@@ -15,7 +15,9 @@ namespace strata {
 class Session {
  public:
   // path: quantized activations (default, llama.cpp's CPU math) or the exact float reference.
-  Session(const Model& model, int n_ctx, cpu::MatmulPath path = cpu::MatmulPath::quantized);
+  // kv: the KV cache entries; the exact path always keeps float (it is the oracle).
+  Session(const Model& model, int n_ctx, cpu::MatmulPath path = cpu::MatmulPath::quantized,
+          KvType kv = KvType::f16);
 
   // Evaluates `tokens` at positions n_past() .. and appends them to the cache. Returns the logits
   // of every token ([n][n_vocab]) when all_logits, else those of the last token ([n_vocab]).
@@ -30,6 +32,7 @@ class Session {
 
   int64_t n_past() const { return n_past_; }
   int n_ctx() const { return cache_.n_ctx; }
+  KvType kv_type() const { return cache_.type; }
   void reset() { n_past_ = 0; }
   // Forgets every position from n on (their cache rows are overwritten by the next eval).
   void truncate(int64_t n) {

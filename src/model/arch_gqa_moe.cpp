@@ -86,7 +86,7 @@ void output_head(const Model& m, const cpu::CpuBackend& be, const float* x, std:
   be.matmul(m.output, h.data(), n, logits);
 }
 
-void init_cache(const Model& m, int n_ctx, KvCache& cache) {
+void init_cache(const Model& m, int n_ctx, KvCache& cache, KvType type) {
   const HParams& hp = m.hparams();
   if (hp.arch == Arch::deepseek2) {
     // MLA caches the normalised latent c and the roped shared k_pe: v is derived from c
@@ -94,7 +94,7 @@ void init_cache(const Model& m, int n_ctx, KvCache& cache) {
   } else {
     // qwen3moe, qwen2moe, llama, gpt-oss: every position of every layer, sliding-window layers
     // included (attention_gqa skips the rows outside the window)
-    cache.init_key_blocks(hp.n_layer, n_ctx, hp.n_head_kv, hp.head_dim_k, hp.n_head_kv * hp.head_dim_v);
+    cache.init_key_blocks(hp.n_layer, n_ctx, hp.n_head_kv, hp.head_dim_k, hp.n_head_kv * hp.head_dim_v, type);
   }
 }
 

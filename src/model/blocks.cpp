@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "base/profiler.h"
+#include "cpu/fp16.h"
 #include "cpu/kernels.h"
 #include "cpu/quant_traits.h"
 #include "cpu/thread_pool.h"
@@ -334,6 +335,7 @@ void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const fl
   constexpr int64_t kTokBlock = 16;
   const int64_t n_blocks = (n_tok + kTokBlock - 1) / kTokBlock;
   const cpu::SgemmFn sgemm = cpu::cpu_kernels().sgemm;
+  const cpu::HalfToFloatFn half_to_float = cpu::cpu_kernels().half_to_float;
   cpu::compute_pool().run(n_blocks * p.n_head_kv, [&](int64_t task, int) {
     const int hk = int(task % p.n_head_kv);
     const int64_t t0 = (task / p.n_head_kv) * kTokBlock, t1 = std::min(n_tok, t0 + kTokBlock);
@@ -344,17 +346,22 @@ void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const fl
     const int64_t j_lo = p.n_swa > 0 ? std::max<int64_t>(0, pos0 + t0 - p.n_swa + 1) / kb * kb : 0;
     const int64_t j_hi = pos0 + t1;  // exclusive
     const int64_t nk = j_hi - j_lo;
-    thread_local std::vector<float> qb, score, ob;
+    thread_local std::vector<float> qb, score, ob, kv32;
     qb.resize(size_t(rows * DK));
     score.resize(size_t(rows * nk));
     ob.resize(size_t(rows * DV));
+    const bool half = cache.type == KvType::f16;
+    if (half) kv32.resize(size_t(std::max(DK, DV) * kb));
     for (int64_t t = t0; t < t1; ++t)
       for (int g = 0; g < group; ++g)
         std::copy_n(q + (t * p.n_head + hk * group + g) * DK, DK, &qb[size_t(((t - t0) * group + g) * DK)]);
     // K is stored transposed in blocks of kKeyBlock keys (KvCache::k_block): one GEMM per block
+    // (a half cache: each block widened to float in L1 first, the same GEMM then)
     for (int64_t j = j_lo; j < j_hi; j += kb) {
       const int64_t w = std::min(kb, j_hi - j);
-      sgemm(rows, w, DK, qb.data(), DK, cache.k_block(layer, hk, j / kb), kb, &score[size_t(j - j_lo)], nk, false);
+      const float* kblk = half ? kv32.data() : cache.k_block(layer, hk, j / kb);
+      if (half) half_to_float(cache.k_block16(layer, hk, j / kb), kv32.data(), DK * kb);
+      sgemm(rows, w, DK, qb.data(), DK, kblk, kb, &score[size_t(j - j_lo)], nk, false);
     }
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t pos = pos0 + t;
@@ -369,7 +376,15 @@ void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const fl
         else cpu::softmax(srow, nk);
       }
     }
-    sgemm(rows, DV, nk, score.data(), nk, cache.v_head(layer, hk) + j_lo * DV, DV, ob.data(), DV, false);
+    if (!half) {
+      sgemm(rows, DV, nk, score.data(), nk, cache.v_head(layer, hk) + j_lo * DV, DV, ob.data(), DV, false);
+    } else {
+      for (int64_t j = j_lo; j < j_hi; j += kb) {  // V in key blocks, widened, accumulated
+        const int64_t w = std::min(kb, j_hi - j);
+        half_to_float(cache.v_head16(layer, hk) + j * DV, kv32.data(), w * DV);
+        sgemm(rows, DV, w, &score[size_t(j - j_lo)], nk, kv32.data(), DV, ob.data(), DV, j > j_lo);
+      }
+    }
     for (int64_t t = t0; t < t1; ++t)
       for (int g = 0; g < group; ++g)
         std::copy_n(&ob[size_t(((t - t0) * group + g) * DV)], DV, out + (t * p.n_head + hk * group + g) * DV);
@@ -410,12 +425,21 @@ void gqa_attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeig
       const int64_t pos = seq.pos0 + i, kb = KvCache::kKeyBlock;
       cpu::rope(qt, int(H), int(DK), pos, hp.rope);
       cpu::rope(kt, int(HKV), int(DK), pos, hp.rope);
-      for (int64_t hk = 0; hk < HKV; ++hk) {
-        float* blk = cache.k_block(il, int(hk), pos / kb) + pos % kb;
-        for (int64_t d = 0; d < DK; ++d) blk[d * kb] = kt[hk * DK + d];
+      const float* vt = &v[size_t(t * HKV * DV)];
+      if (cache.type == KvType::f16) {
+        for (int64_t hk = 0; hk < HKV; ++hk) {
+          uint16_t* blk = cache.k_block16(il, int(hk), pos / kb) + pos % kb;
+          for (int64_t d = 0; d < DK; ++d) blk[d * kb] = f32_to_fp16(kt[hk * DK + d]);
+          uint16_t* vrow = cache.v_head16(il, int(hk)) + pos * DV;
+          for (int64_t d = 0; d < DV; ++d) vrow[d] = f32_to_fp16(vt[hk * DV + d]);
+        }
+      } else {
+        for (int64_t hk = 0; hk < HKV; ++hk) {
+          float* blk = cache.k_block(il, int(hk), pos / kb) + pos % kb;
+          for (int64_t d = 0; d < DK; ++d) blk[d * kb] = kt[hk * DK + d];
+          std::copy_n(vt + hk * DV, DV, cache.v_head(il, int(hk)) + pos * DV);
+        }
       }
-      for (int64_t hk = 0; hk < HKV; ++hk)
-        std::copy_n(&v[size_t((t * HKV + hk) * DV)], DV, cache.v_head(il, int(hk)) + pos * DV);
     }
   }
   const AttentionParams ap{.n_head = hp.n_head,

@@ -31,8 +31,8 @@ void forward_gpt_oss(const Model& m, const cpu::CpuBackend& be, std::span<const 
 void forward_deepseek2(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
                        bool all_logits, float* logits);
 
-// The cache shape each family needs (floats per position of k and v).
-void init_cache(const Model& m, int n_ctx, KvCache& cache);
+// The cache shape each family needs; `type` applies to GQA caches (MLA's latent rows are float).
+void init_cache(const Model& m, int n_ctx, KvCache& cache, KvType type = KvType::f32);
 
 // Final norm and lm head for the rows of x [n_tok][n_embd] that are asked for: all, or the last of
 // each span.

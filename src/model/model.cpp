@@ -246,12 +246,11 @@ Result<HParams> read_hparams(const GgufFile& f) {
 
 Result<HParams> hparams_from_gguf(const GgufFile& f) { return read_hparams(f); }
 
-uint64_t kv_bytes_per_token(const HParams& hp) {
-  // as the KV cache stores them (float): MLA keeps the latent row and the rope key; GQA k and v
-  const uint64_t per_layer = hp.arch == Arch::deepseek2
-                                 ? uint64_t(hp.kv_lora_rank + hp.qk_rope)
-                                 : uint64_t(hp.n_head_kv) * uint64_t(hp.head_dim_k + hp.head_dim_v);
-  return per_layer * sizeof(float) * uint64_t(hp.n_layer);
+uint64_t kv_bytes_per_token(const HParams& hp, KvType type) {
+  // as the KV cache stores them: MLA keeps the latent row and the rope key (float); GQA k and v
+  if (hp.arch == Arch::deepseek2) return uint64_t(hp.kv_lora_rank + hp.qk_rope) * sizeof(float) * uint64_t(hp.n_layer);
+  const uint64_t entry = type == KvType::f16 ? 2 : 4;
+  return uint64_t(hp.n_head_kv) * uint64_t(hp.head_dim_k + hp.head_dim_v) * entry * uint64_t(hp.n_layer);
 }
 
 Result<std::unique_ptr<Model>> Model::load(const std::string& path, MappedFile::Mode mode) {

@@ -10,6 +10,7 @@
 
 #include "base/error.h"
 #include "cpu/ops.h"
+#include "engine/kv_cache.h"
 #include "model/gguf.h"
 #include "model/weights.h"
 
@@ -118,9 +119,9 @@ class Model {
 
 // The hyperparameters of a GGUF's metadata alone (no tensor is read: works on header-only files).
 Result<HParams> hparams_from_gguf(const GgufFile& f);
-// Bytes the KV cache holds per position of context, all layers (float entries, as KvCache keeps
-// them).
-uint64_t kv_bytes_per_token(const HParams& hp);
+// Bytes the KV cache holds per position of context, all layers, with `type` entries for GQA
+// caches (MLA's are float).
+uint64_t kv_bytes_per_token(const HParams& hp, KvType type);
 
 // The vector of an F32 weight (norms, biases).
 inline const float* f32(const Weight& w) { return reinterpret_cast<const float*>(w.data); }

@@ -156,7 +156,7 @@ void Scheduler::loop() {
       }
       if (!s.sampler) {
         const CompletionRequest& r = s.job->request;
-        if (!s.session) s.session = std::make_unique<Session>(model_, o_.ctx);
+        if (!s.session) s.session = std::make_unique<Session>(model_, o_.ctx, cpu::MatmulPath::quantized, o_.kv_type);
         s.session->reset();
         s.sampler = std::make_unique<Sampler>(r.sampling);
         s.stream = std::make_unique<TextStream>(r.stop);

@@ -69,6 +69,7 @@ struct SchedulerOptions {
   int max_sequences = 4;  // slots: sequences decoded together
   int max_queue = 16;     // requests waiting for a slot before new ones are refused
   int ctx = 4096;         // context of each slot
+  KvType kv_type = KvType::f16;
 };
 
 struct SchedulerMetrics {

@@ -119,4 +119,11 @@ float exp_sum_avx2(const float* x, float* y, int64_t n, float max) {
   return s;
 }
 
+void half_to_float_avx2(const uint16_t* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
+  for (; i < n; ++i) y[i] = _cvtsh_ss(x[i]);
+}
+
 }  // namespace strata::cpu::detail

@@ -132,4 +132,14 @@ float exp_sum_avx512(const float* x, float* y, int64_t n, float max) {
   return _mm512_reduce_add_ps(sum);
 }
 
+void half_to_float_avx512(const uint16_t* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i))));
+  if (i < n) {
+    const __mmask16 m = __mmask16((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(y + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + i)));
+  }
+}
+
 }  // namespace strata::cpu::detail
