@@ -80,7 +80,7 @@ int run_generate(RunOptions o) {
 }  // namespace
 
 Runner add_run_command(CLI::App& app) {
-  CLI::App* sub = app.add_subcommand("run", "generate text from a prompt (CPU, exact float path)");
+  CLI::App* sub = app.add_subcommand("run", "generate text from a prompt");
   auto o = std::make_shared<RunOptions>();
   add_common(sub, o->common);
   sub->add_option("-p,--prompt", o->prompt, "prompt text");
