@@ -23,7 +23,10 @@ struct ServeOptions {
 };
 
 server::HttpServer* g_server = nullptr;
+server::Scheduler* g_scheduler = nullptr;
 extern "C" void on_signal(int) {
+  // running sequences end at the next step, so the connections waiting on them close
+  if (g_scheduler) g_scheduler->cancel_all();
   if (g_server) g_server->stop();
 }
 
@@ -75,6 +78,7 @@ int run_serve(ServeOptions o) {
   auto port = http.bind();
   if (!port) return fail(port.error().message);
   g_server = &http;
+  g_scheduler = &scheduler;
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   std::fprintf(stderr,
@@ -83,6 +87,7 @@ int run_serve(ServeOptions o) {
                so.ctx, so.max_queue, ho.api_key.empty() ? "" : ", API key required");
   http.run();
   g_server = nullptr;
+  g_scheduler = nullptr;
   std::fprintf(stderr, "strata serve: stopped\n");
   return 0;
 }

@@ -129,6 +129,9 @@ void Scheduler::loop() {
       };
       cv_.wait(lock, [&] { return stop_ || has_work(); });
       if (stop_) break;
+      if (cancel_all_.load()) {  // shutting down: nothing new starts
+        for (auto& job : queue_) job->cancel();
+      }
       // sequences join between steps
       for (auto& s : slots_) {
         if (s->job || queue_.empty()) continue;
@@ -141,6 +144,7 @@ void Scheduler::loop() {
     for (auto& sp : slots_) {
       Slot& s = *sp;
       if (!s.job) continue;
+      if (cancel_all_.load()) s.job->cancel();
       if (s.job->cancelled()) {
         std::shared_ptr<Job> job;
         {

@@ -91,6 +91,9 @@ class Scheduler {
   // Queues a job. Errors (nothing queued): an empty prompt, a prompt that leaves no room in a
   // slot's context ("context_length_exceeded"), a full queue ("queue full").
   Result<std::shared_ptr<Job>> submit(CompletionRequest r);
+  // Cancels every job at the next step (running and queued). Only an atomic store: safe from a
+  // signal handler, so that handlers waiting on jobs return and the HTTP server can stop.
+  void cancel_all() { cancel_all_.store(true); }
   SchedulerMetrics metrics() const;
   const SchedulerOptions& options() const { return o_; }
 
@@ -106,6 +109,7 @@ class Scheduler {
   std::deque<std::shared_ptr<Job>> queue_;
   std::vector<std::unique_ptr<Slot>> slots_;
   bool stop_ = false;
+  std::atomic<bool> cancel_all_{false};
   SchedulerMetrics m_;
   std::deque<std::pair<double, int64_t>> recent_;  // (time, completion tokens so far) samples
   std::thread thread_;
