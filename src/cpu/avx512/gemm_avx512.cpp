@@ -494,11 +494,12 @@ void unpack_nibbles(const RowTile& rt, int64_t b0, int nblk, __m128i table, Tile
     __m512i r[16];
     for (int i = 0; i < kRows; ++i) {
       const uint8_t* qs = rt.rows[i] + offsetof(Block, qs);
-      __m512i v = _mm512_castsi128_si512(load16(qs + size_t(b0 + p) * sizeof(Block)));
-      for (int k = 1; k < 4; ++k) {
-        const int64_t b = b0 + p + (p + k < nblk ? k : 0);
-        v = _mm512_inserti32x4(v, load16(qs + size_t(b) * sizeof(Block)), unsigned(k));
-      }
+      // block p + k (a tail repeats block p); the lane index must be an immediate at any -O
+      auto blk = [&](int k) { return load16(qs + size_t(b0 + p + (p + k < nblk ? k : 0)) * sizeof(Block)); };
+      __m512i v = _mm512_castsi128_si512(blk(0));
+      v = _mm512_inserti32x4(v, blk(1), 1);
+      v = _mm512_inserti32x4(v, blk(2), 2);
+      v = _mm512_inserti32x4(v, blk(3), 3);
       r[i] = v;
     }
     transpose_16x16(r);
