@@ -352,9 +352,13 @@ void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const fl
     ob.resize(size_t(rows * DV));
     const bool half = cache.type == KvType::f16;
     if (half) kv32.resize(size_t(std::max(DK, DV) * kb));
+    // the softmax scale is applied to q once (DK products per row instead of one per key)
     for (int64_t t = t0; t < t1; ++t)
-      for (int g = 0; g < group; ++g)
-        std::copy_n(q + (t * p.n_head + hk * group + g) * DK, DK, &qb[size_t(((t - t0) * group + g) * DK)]);
+      for (int g = 0; g < group; ++g) {
+        const float* src = q + (t * p.n_head + hk * group + g) * DK;
+        float* dst = &qb[size_t(((t - t0) * group + g) * DK)];
+        for (int64_t d = 0; d < DK; ++d) dst[d] = src[d] * p.scale;
+      }
     // K is stored transposed in blocks of kKeyBlock keys (KvCache::k_block): one GEMM per block
     // (a half cache: each block widened to float in L1 first, the same GEMM then)
     for (int64_t j = j_lo; j < j_hi; j += kb) {
@@ -368,10 +372,9 @@ void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const fl
       const int64_t first = p.n_swa > 0 ? std::max<int64_t>(0, pos - p.n_swa + 1) : 0;
       for (int g = 0; g < group; ++g) {
         float* srow = &score[size_t(((t - t0) * group + g) * nk)];
-        for (int64_t j = 0; j < nk; ++j) {
-          const int64_t key = j_lo + j;
-          srow[j] = key < first || key > pos ? -INFINITY : srow[j] * p.scale;
-        }
+        // keys before the window and after the token are masked; the rest are already scaled
+        std::fill(srow, srow + std::clamp<int64_t>(first - j_lo, 0, nk), -INFINITY);
+        std::fill(srow + std::clamp<int64_t>(pos + 1 - j_lo, 0, nk), srow + nk, -INFINITY);
         if (p.sinks) softmax_with_sink(srow, nk, p.sinks[hk * group + g]);
         else cpu::softmax(srow, nk);
       }
