@@ -1,5 +1,6 @@
 // strata bench: prefill and decode speed, as a table like llama-bench's. Without -p / -n it runs
-// the standard sweep: prompt 512 and 4096 (pp), decode 128 (tg). Each test runs in a fresh session
+// the standard sweep: prompt 512 and 4096 (pp), decode 128 (tg) with 1 and 4 sequences decoded
+// together (the server's continuous batching). Each test runs in a fresh session
 // (after --depth tokens of context) on random tokens, --reps times; the table gives the mean and
 // standard deviation of tok/s and compares each test with the machine's limit measured just
 // before it (DRAM roofline for decode, int8 peak for prefill: shared machines drift).
@@ -27,7 +28,7 @@ struct BenchOptions {
   CommonOptions common;
   std::vector<int> n_prompt;  // empty (with n_gen empty): the standard sweep
   std::vector<int> n_gen;
-  std::vector<int> streams{1};  // decode tests: sequences decoded together (continuous batching)
+  std::vector<int> streams;  // decode tests: sequences decoded together; empty: 1 (sweep: 1 and 4)
   int depth = 0;
   int reps = 3;
   bool profile = false;
@@ -101,8 +102,9 @@ int run_bench(const BenchOptions& o) {
   const bool sweep = o.n_prompt.empty() && o.n_gen.empty();
   for (int n : sweep ? std::vector<int>{512, 4096} : o.n_prompt)
     if (n > 0) tests.push_back({true, n});
+  const std::vector<int> streams = !o.streams.empty() ? o.streams : sweep ? std::vector<int>{1, 4} : std::vector<int>{1};
   for (int n : sweep ? std::vector<int>{128} : o.n_gen)
-    for (int st : o.streams)
+    for (int st : streams)
       if (n > 0 && st > 0) tests.push_back({false, n, st});
 
   cpu::ThreadPool& pool = cpu::compute_pool();
@@ -218,7 +220,7 @@ int run_bench(const BenchOptions& o) {
 }  // namespace
 
 Runner add_bench_command(CLI::App& app) {
-  CLI::App* sub = app.add_subcommand("bench", "prefill and decode speed (llama-bench style table); default sweep pp512, pp4096, tg128");
+  CLI::App* sub = app.add_subcommand("bench", "prefill and decode speed (llama-bench style table); default sweep pp512, pp4096, tg128 x1 and x4");
   auto o = std::make_shared<BenchOptions>();
   add_common(sub, o->common);
   sub->add_option("-p,--n-prompt", o->n_prompt, "prompt lengths, prefilled in one batch (comma list)")
