@@ -4,6 +4,7 @@
 //    message a user can act on.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -89,6 +90,8 @@ std::string strfmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
 // "12.1 GB", "768 KiB"-style sizes for messages: decimal units (what disks and `ls -lh --si` say).
 std::string format_bytes(double bytes);
+// A size in binary units, "22.0 GiB" (budgets and the like, which users give in GiB).
+std::string format_size(uint64_t bytes);
 
 }  // namespace strata
 

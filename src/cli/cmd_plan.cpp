@@ -10,7 +10,6 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "engine/planner.h"
-#include "model/synth.h"
 
 namespace strata::cli {
 namespace {
@@ -43,37 +42,24 @@ int run_plan(const PlanCliOptions& o) {
   Config& c = *config;
 
   // the model's inventory, from a header only
-  std::vector<uint8_t> header;
-  Result<GgufFile> file = Error{""};
+  Result<PlanModel> pm = Error{""};
   std::string model_label;
   if (!o.shape.empty()) {
-    const SynthShape* shape = find_synth_shape(o.shape);
-    if (!shape) return fail("unknown --shape '" + o.shape + "' (strata synth --list shows the shapes)");
-    auto quant = synth_quant_from_name(o.quant);
-    if (!quant) return fail("unknown --quant '" + o.quant + "' (q8_0, q4_k, mxfp4)");
-    auto sp = build_synth_plan(*shape, *quant, {});
-    if (!sp) return fail(sp.error().message);
-    header = sp->writer.header_bytes();
-    file = GgufFile::parse_header(header, sp->writer.file_size(), std::string(shape->name));
-    model_label = std::string(shape->description) + " " + std::string(synth_quant_name(*quant)) + " (shape; no file)";
+    pm = plan_model_for_shape(o.shape, o.quant, c.kv_type);
+    model_label = "shape " + o.shape + " at " + o.quant + " (no file)";
   } else {
-    file = GgufFile::open(c.model_path, MappedFile::Mode::mmap);
+    auto file = GgufFile::open(c.model_path, MappedFile::Mode::mmap);
+    if (!file) return fail(file.error().message);
+    pm = plan_model_from_gguf(*file, c.kv_type);
     model_label = c.model_path;
   }
-  if (!file) return fail(file.error().message);
-  auto pm = plan_model_from_gguf(*file, c.kv_type);
   if (!pm) return fail(pm.error().message);
 
   // the machine: the config's [hardware], the rest from this machine's calibration cache
-  HardwareLimits hw = c.hardware;
-  auto cal = read_calibration(calibration_path());
-  if (!cal) return fail(cal.error().message);
-  std::string hw_source = c.hardware.dram_gbps > 0 ? "config " + c.source : "";
-  if (cal->has_value()) {
-    fill_unknown(hw, (*cal)->limits);
-    hw_source += (hw_source.empty() ? "" : ", ") + std::string("calibration ") + (*cal)->date;
-  }
-  if (hw_source.empty()) hw_source = "none";
+  auto resolved = resolve_limits(c);
+  if (!resolved) return fail(resolved.error().message);
+  const HardwareLimits& hw = resolved->limits;
+  const std::string& hw_source = resolved->source;
 
   PlanOptions po;
   po.ctx = c.ctx > 0 ? c.ctx : 4096;

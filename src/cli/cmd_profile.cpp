@@ -63,14 +63,10 @@ int run_profile(const ProfileOptions& o) {
   if (!tok) return fail(tok.error().message);
 
   // the machine's limits: the config's, else the calibration cache, else measured now
-  HardwareLimits limits = config.hardware;
-  std::string limits_source = "config";
-  auto cal = read_calibration(calibration_path());
-  if (!cal) return fail(cal.error().message);
-  if (cal->has_value()) {
-    fill_unknown(limits, (*cal)->limits);
-    limits_source = "calibrated " + (*cal)->date;
-  }
+  auto resolved = resolve_limits(config);
+  if (!resolved) return fail(resolved.error().message);
+  HardwareLimits limits = resolved->limits;
+  std::string limits_source = resolved->source;
   cpu::ThreadPool& pool = cpu::compute_pool();
   if (limits.dram_gbps <= 0) {
     limits.dram_gbps = cpu::measure_read_gbps(pool);

@@ -12,7 +12,6 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "engine/planner.h"
-#include "model/synth.h"
 #include "storage/expert_cache.h"
 #include "storage/routing_trace.h"
 
@@ -106,27 +105,10 @@ bool budget_mode(const ReplayArgs& a) {
 
 // The model the budgets are for: a GGUF header (-m) or a synthetic shape's.
 Result<PlanModel> budget_model(const ReplayArgs& a, const Config& c) {
-  if (!a.shape.empty()) {
-    const SynthShape* shape = find_synth_shape(a.shape);
-    if (!shape) return Error{"unknown --shape '" + a.shape + "' (strata synth --list)"};
-    auto quant = synth_quant_from_name(a.quant);
-    if (!quant) return Error{"unknown --quant '" + a.quant + "'"};
-    auto sp = build_synth_plan(*shape, *quant, {});
-    if (!sp) return sp.error();
-    const std::vector<uint8_t> header = sp->writer.header_bytes();
-    auto f = GgufFile::parse_header(header, sp->writer.file_size(), std::string(shape->name));
-    if (!f) return f.error();
-    return plan_model_from_gguf(*f, c.kv_type);
-  }
+  if (!a.shape.empty()) return plan_model_for_shape(a.shape, a.quant, c.kv_type);
   auto f = GgufFile::open(c.model_path, MappedFile::Mode::mmap);
   if (!f) return f.error();
   return plan_model_from_gguf(*f, c.kv_type);
-}
-
-HardwareLimits machine_limits(const Config& c) {
-  HardwareLimits hw = c.hardware;
-  if (auto cal = read_calibration(calibration_path()); cal && cal->has_value()) fill_unknown(hw, (**cal).limits);
-  return hw;
 }
 
 void print_split(const char* what, const Plan& p) {
@@ -143,6 +125,7 @@ int run_replay(ReplayArgs a) {
   std::optional<Config> config;
   std::optional<PlanModel> model;
   std::optional<Plan> uniform;
+  HardwareLimits limits;
   PlanOptions plan_options;
   if (budget_mode(a)) {
     auto c = resolve_config(a.common);
@@ -157,8 +140,14 @@ int run_replay(ReplayArgs a) {
       return 1;
     }
     model = *m;
+    auto resolved = resolve_limits(*config);
+    if (!resolved) {
+      std::fprintf(stderr, "strata replay: %s\n", resolved.error().message.c_str());
+      return 1;
+    }
+    limits = resolved->limits;
     plan_options.ctx = config->ctx > 0 ? config->ctx : 4096;
-    auto p = make_plan(*model, *config, machine_limits(*config), plan_options);
+    auto p = make_plan(*model, *config, limits, plan_options);
     if (!p) {
       std::fprintf(stderr, "strata replay: %s\n", p.error().message.c_str());
       return 1;
@@ -236,7 +225,7 @@ int run_replay(ReplayArgs a) {
     PlanOptions measured = plan_options;
     measured.hit_vram = r.vram_hit_rate();
     measured.hit_ram = r.ram_hit_rate();
-    auto p = make_plan(*model, *config, machine_limits(*config), measured);
+    auto p = make_plan(*model, *config, limits, measured);
     if (!p) {
       std::fprintf(stderr, "strata replay: %s\n", p.error().message.c_str());
       return 1;

@@ -344,30 +344,14 @@ Result<uint64_t> parse_size(std::string_view text) {
   return uint64_t(std::llround(v));
 }
 
-std::string format_size(uint64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = double(bytes);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) {
-    v /= 1024.0;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
-  return buf;
-}
-
 std::vector<ConfigKey> config_keys() {
+  static const std::vector<std::string> names = [] {  // "table.key", built once
+    std::vector<std::string> v;
+    for (const KeySpec& k : key_specs()) v.push_back(std::string(k.table) + "." + std::string(k.key));
+    return v;
+  }();
   std::vector<ConfigKey> out;
-  for (const KeySpec& k : key_specs()) {
-    // the table and key live in static storage; join them once
-    static std::vector<std::string> names = [] {
-      std::vector<std::string> v;
-      for (const KeySpec& s : key_specs()) v.push_back(std::string(s.table) + "." + std::string(s.key));
-      return v;
-    }();
-    out.push_back({names[out.size()], k.what});
-  }
+  for (size_t i = 0; i < names.size(); ++i) out.push_back({names[i], key_specs()[i].what});
   return out;
 }
 
@@ -442,6 +426,18 @@ Result<std::optional<Calibration>> read_calibration(const std::string& path) {
   cal.isa = root["measured"]["isa"].value_or(std::string());
   cal.threads = int(root["measured"]["threads"].value_or(int64_t(0)));
   return std::optional<Calibration>(std::move(cal));
+}
+
+Result<ResolvedLimits> resolve_limits(const Config& c) {
+  ResolvedLimits r{c.hardware, c.hardware.dram_gbps > 0 ? "config " + c.source : ""};
+  auto cal = read_calibration(calibration_path());
+  if (!cal) return cal.error();
+  if (cal->has_value()) {
+    fill_unknown(r.limits, (*cal)->limits);
+    r.source += (r.source.empty() ? "" : ", ") + std::string("calibration ") + (*cal)->date;
+  }
+  if (r.source.empty()) r.source = "none";
+  return r;
 }
 
 Status write_calibration(const std::string& path, const Calibration& c) {

@@ -97,8 +97,6 @@ Result<Config> load_config(const std::string& path, const std::vector<ConfigOver
 // "22GiB", "512 MiB", "1.5GB", "4096" (bytes), "auto" is not a size. Binary (KiB..TiB) and decimal
 // (KB..TB) units, case-insensitive; B optional ("16G" = 16 GiB, as llama.cpp users write it).
 Result<uint64_t> parse_size(std::string_view text);
-// "22.0 GiB" style, for messages.
-std::string format_size(uint64_t bytes);
 
 // Every key the config accepts, "table.key", with its one-line description (docs/config.md lists
 // the same; a test keeps them in step).
@@ -130,6 +128,13 @@ struct Calibration {
 };
 // nullopt when the file does not exist; an Error when it exists but does not parse.
 Result<std::optional<Calibration>> read_calibration(const std::string& path);
+// The limits a command works with: the config's [hardware] keys, the rest from this machine's
+// calibration cache (if any). `source` says where they came from ("none" when from neither).
+struct ResolvedLimits {
+  HardwareLimits limits;
+  std::string source;
+};
+Result<ResolvedLimits> resolve_limits(const Config& c);
 Status write_calibration(const std::string& path, const Calibration& c);
 
 }  // namespace strata

@@ -6,6 +6,7 @@
 #include "base/mapped_file.h"
 #include "model/model.h"
 #include "model/model_info.h"
+#include "model/synth.h"
 
 namespace strata {
 
@@ -64,6 +65,19 @@ Result<PlanModel> plan_model_from_gguf(const GgufFile& f, KvType kv) {
     m.output_params += uint64_t(m.n_embd) * uint64_t(m.n_vocab);
   }
   return m;
+}
+
+Result<PlanModel> plan_model_for_shape(std::string_view shape_name, std::string_view quant_name, KvType kv) {
+  const SynthShape* shape = find_synth_shape(shape_name);
+  if (!shape) return Error{"unknown shape '" + std::string(shape_name) + "' (strata synth --list shows the shapes)"};
+  auto quant = synth_quant_from_name(quant_name);
+  if (!quant) return Error{"unknown quant mix '" + std::string(quant_name) + "' (q8_0, q4_k, mxfp4)"};
+  auto sp = build_synth_plan(*shape, *quant, {});
+  if (!sp) return sp.error();
+  const std::vector<uint8_t> header = sp->writer.header_bytes();
+  auto f = GgufFile::parse_header(header, sp->writer.file_size(), std::string(shape->name));
+  if (!f) return f.error();
+  return plan_model_from_gguf(*f, kv);  // copies what it needs: the header may go
 }
 
 namespace {

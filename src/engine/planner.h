@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/error.h"
@@ -46,6 +47,9 @@ struct PlanModel {
 // Reads the inventory from a GGUF header (a real file or a header-only synthetic one); the KV
 // cache with `kv` entries.
 Result<PlanModel> plan_model_from_gguf(const GgufFile& f, KvType kv = KvType::f16);
+// The same for a synthetic shape (`strata synth --list`) at a quant mix (q8_0, q4_k, mxfp4), from
+// the header the synth writer would write: for a model the user does not have.
+Result<PlanModel> plan_model_for_shape(std::string_view shape, std::string_view quant, KvType kv = KvType::f16);
 
 struct PlanOptions {
   int64_t ctx = 4096;      // KV cache positions planned for (their bytes: PlanModel's kv_bytes_per_token)

@@ -30,7 +30,7 @@ Session::Session(const Model& model, int n_ctx, cpu::MatmulPath path, KvType kv)
   init_cache(model, n_ctx, cache_, path == cpu::MatmulPath::exact ? KvType::f32 : kv);
 }
 
-Result<std::vector<float>> Session::eval(std::span<const int32_t> tokens, bool all_logits) {
+Status Session::check(std::span<const int32_t> tokens) const {
   const HParams& hp = model_.hparams();
   if (tokens.empty()) return Error{"eval: no tokens"};
   for (int32_t id : tokens) {
@@ -42,6 +42,13 @@ Result<std::vector<float>> Session::eval(std::span<const int32_t> tokens, bool a
     return Error{strfmt("eval: context full: %" PRId64 " tokens cached + %" PRId64 " new > context %d",
                         n_past_, n, cache_.n_ctx)};
   }
+  return {};
+}
+
+Result<std::vector<float>> Session::eval(std::span<const int32_t> tokens, bool all_logits) {
+  const HParams& hp = model_.hparams();
+  if (Status s = check(tokens); !s) return s.error();
+  const int64_t n = int64_t(tokens.size());
   std::vector<float> logits(size_t((all_logits ? n : 1) * hp.n_vocab));
   const SeqSpan seq{&cache_, n_past_, n};
   run_forward(model_, backend_, std::span<const SeqSpan>(&seq, 1), tokens.data(), all_logits, logits.data());
@@ -62,16 +69,8 @@ Result<std::vector<float>> Session::eval_batch(std::span<Session* const> session
     STRATA_CHECK(&se.model_ == &m && se.backend_.path() == sessions[0]->backend_.path(),
                  "eval_batch: sessions of different models or paths");
     for (size_t o = 0; o < s; ++o) STRATA_CHECK(sessions[o] != &se, "eval_batch: a session twice");
-    if (tokens[s].empty()) return Error{"eval_batch: a sequence with no tokens"};
-    for (int32_t id : tokens[s]) {
-      if (id < 0 || id >= hp.n_vocab)
-        return Error{strfmt("eval: token id %d is outside the vocabulary (0..%d)", id, hp.n_vocab - 1)};
-    }
+    if (Status st = se.check(tokens[s]); !st) return st.error();
     const int64_t n = int64_t(tokens[s].size());
-    if (se.n_past_ + n > se.cache_.n_ctx) {
-      return Error{strfmt("eval: context full: %" PRId64 " tokens cached + %" PRId64 " new > context %d", se.n_past_, n,
-                          se.cache_.n_ctx)};
-    }
     seqs.push_back({&se.cache_, se.n_past_, n});
     all.insert(all.end(), tokens[s].begin(), tokens[s].end());
   }

@@ -42,6 +42,8 @@ class Session {
   const Model& model() const { return model_; }
 
  private:
+  // The errors of eval: no tokens, an id outside the vocabulary, a full context.
+  Status check(std::span<const int32_t> tokens) const;
   const Model& model_;
   cpu::CpuBackend backend_;
   KvCache cache_;
