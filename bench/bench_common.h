@@ -3,6 +3,7 @@
 #pragma once
 
 #include <benchmark/benchmark.h>
+#include <sys/mman.h>
 
 #include <chrono>
 #include <cmath>
@@ -15,6 +16,7 @@
 #include "cpu/fp16.h"
 #include "cpu/quant_blocks.h"
 #include "cpu/quant_traits.h"
+#include "cpu/repack.h"
 #include "cpu/thread_pool.h"
 #include "model/weights.h"
 
@@ -61,15 +63,24 @@ inline std::vector<float> activations(int64_t n, uint64_t seed) {
 // values for the float types. Filled by the pool's threads (first touch places the pages).
 class RandomWeights {
  public:
-  RandomWeights(GgmlType type, int64_t n_in, int64_t n_out, int64_t n_mat, uint64_t seed)
+  // repack: rewritten as the loader rewrites weights read into RAM (cpu/repack.h), so that
+  // stack() is what the engine's kernels read; false keeps the file layout.
+  RandomWeights(GgmlType type, int64_t n_in, int64_t n_out, int64_t n_mat, uint64_t seed, bool repack = true)
       : type_(type), n_in_(n_in), n_out_(n_out), n_mat_(n_mat) {
     const QuantTraits& q = quant_traits(type);
     row_bytes_ = size_t(n_in) / q.block_size * q.type_size;
     const size_t total = (row_bytes_ * size_t(n_out * n_mat) + 4095) / 4096 * 4096;
     data_ = static_cast<uint8_t*>(std::aligned_alloc(4096, total));
+    // huge pages where the kernel allows, as the loader asks for (4 KiB pages cost TLB misses)
+    madvise(data_, total, MADV_HUGEPAGE);
     cpu::compute_pool().run(n_out * n_mat, [&](int64_t r, int) {
       fill_row(data_ + size_t(r) * row_bytes_, seed * 1000003u + uint64_t(r));
     });
+    Weight w = stack();
+    if (repack && cpu::can_interleave(w)) {
+      cpu::interleave(w, data_);
+      interleaved_ = true;
+    }
   }
   ~RandomWeights() { std::free(data_); }
   RandomWeights(const RandomWeights&) = delete;
@@ -83,6 +94,7 @@ class RandomWeights {
     w.n_out = n_out_;
     w.n_mat = n_mat_;
     w.row_bytes = row_bytes_;
+    w.interleaved = interleaved_;
     return w;
   }
   size_t mat_bytes() const { return row_bytes_ * size_t(n_out_); }
@@ -126,6 +138,7 @@ class RandomWeights {
   int64_t n_in_, n_out_, n_mat_;
   size_t row_bytes_ = 0;
   uint8_t* data_ = nullptr;
+  bool interleaved_ = false;
 };
 
 }  // namespace strata::bench

@@ -30,16 +30,18 @@ using cpu::CpuIsa;
 constexpr size_t kStackBytes = size_t(256) << 20;  // several times any L3 of a 2-core box
 
 // One stack alive at a time: benchmarks of the same type and shape are registered together.
-const RandomWeights& stack_of(GgmlType type, int64_t n_in, int64_t n_out, int64_t* count) {
+// repack: the engine's layout (cpu/repack.h) where the start-up kernels have one.
+const RandomWeights& stack_of(GgmlType type, int64_t n_in, int64_t n_out, bool repack, int64_t* count) {
   static std::unique_ptr<RandomWeights> w;
   static GgmlType t = GgmlType::f32;
   static int64_t in = 0, out = 0, n = 0;
-  if (!w || t != type || in != n_in || out != n_out) {
+  static bool packed = false;
+  if (!w || t != type || in != n_in || out != n_out || packed != repack) {
     w.reset();
     const size_t mat = ggml_row_bytes(type, uint64_t(n_in)) * size_t(n_out);
     n = std::max<int64_t>(2, int64_t(kStackBytes / mat));
-    w = std::make_unique<RandomWeights>(type, n_in, n_out, n, 17);
-    t = type, in = n_in, out = n_out;
+    w = std::make_unique<RandomWeights>(type, n_in, n_out, n, 17, repack);
+    t = type, in = n_in, out = n_out, packed = repack;
   }
   *count = n;
   return *w;
@@ -51,7 +53,7 @@ void BM_matvec(benchmark::State& state, GgmlType type, CpuIsa isa, int64_t n_in,
     return;
   }
   int64_t count = 0;
-  const RandomWeights& w = stack_of(type, n_in, n_out, &count);
+  const RandomWeights& w = stack_of(type, n_in, n_out, false, &count);
   const cpu::KernelTable& k = cpu::cpu_kernels(isa);
   const QuantTraits& qt = quant_traits(type);
   const std::vector<float> x = activations(n_in, 1);
@@ -81,7 +83,7 @@ void BM_matvec(benchmark::State& state, GgmlType type, CpuIsa isa, int64_t n_in,
 
 void BM_matmul_backend(benchmark::State& state, GgmlType type, int64_t n_in, int64_t n_out) {
   int64_t count = 0;
-  const RandomWeights& w = stack_of(type, n_in, n_out, &count);
+  const RandomWeights& w = stack_of(type, n_in, n_out, true, &count);
   const cpu::CpuBackend backend(cpu::MatmulPath::quantized);
   const std::vector<float> x = activations(n_in, 1);
   std::vector<float> y(static_cast<size_t>(n_out));
@@ -94,7 +96,8 @@ void BM_matmul_backend(benchmark::State& state, GgmlType type, int64_t n_in, int
     benchmark::DoNotOptimize(y.data());
   }
   set_bandwidth_counters(state, w.mat_bytes(), now_seconds() - t0, dram);
-  state.SetLabel(std::string(quant_traits(type).name) + " " + std::string(cpu::isa_name()));
+  state.SetLabel(std::string(quant_traits(type).name) + " " + std::string(cpu::isa_name()) +
+                 (stack.interleaved ? " interleaved" : ""));
 }
 
 struct Shape {

@@ -33,6 +33,7 @@
 #include "cpu/kernels.h"
 #include "cpu/quant_blocks.h"
 #include "cpu/quant_traits.h"
+#include "cpu/repack.h"
 
 namespace strata {
 namespace {
@@ -195,12 +196,14 @@ struct Problem {
 
 // Runs the kernel into a NaN-filled y of leading dimension ldy and checks every cell against the
 // reference (and the padding columns r >= n_rows untouched).
-void check_gemm(const KernelTable& k, Problem& p, int64_t ldy) {
+// gemm (default: the table's tile kernel) reads the weights at w (default: p.w, the file layout).
+void check_gemm(const KernelTable& k, Problem& p, int64_t ldy, GemmFn gemm = nullptr,
+                const uint8_t* w = nullptr) {
   const QuantTraits& t = quant_traits(p.type);
-  const GemmFn gemm = k.gemm[size_t(p.type)];
+  if (gemm == nullptr) gemm = k.gemm[size_t(p.type)];
   ASSERT_NE(gemm, nullptr);
   std::vector<float> y(size_t(ldy * p.n_tok), std::nanf(""));
-  gemm(p.n, p.w.data(), p.w_stride, p.n_rows, p.a.data(), p.a_stride, p.n_tok, y.data(), ldy);
+  gemm(p.n, w ? w : p.w.data(), p.w_stride, p.n_rows, p.a.data(), p.a_stride, p.n_tok, y.data(), ldy);
 
   std::vector<std::vector<double>> wm;
   for (int64_t r = 0; r < p.n_rows; ++r) wm.push_back(weight_magnitudes(p.type, p.row(r), p.n));
@@ -292,6 +295,61 @@ TEST(GemmKernels, ConcurrentRowChunksMatchOneCall) {
       EXPECT_EQ(std::memcmp(one.data(), many.data(), one.size() * sizeof(float)), 0) << quant_traits(type).name;
     }
   });
+}
+
+// Row-interleaved weights (cpu/repack.h): every group deinterleaves back to its rows, and
+// file_row finds rows inside groups and in the file-layout tail.
+TEST(Interleave, RoundTripsEveryRow) {
+  SEED_TRACE();
+  Rng rng(204);
+  Problem p(rng, GgmlType::q4_k, 768, 37, 1, 0, 0);  // two groups and a tail of 5 rows
+  std::vector<uint8_t> w = p.w;
+  for (int64_t r0 = 0; r0 + 16 <= p.n_rows; r0 += 16)
+    cpu::interleave_group(p.row(r0), p.w_stride, w.data() + size_t(r0) * p.w_stride);
+  EXPECT_NE(std::memcmp(w.data(), p.w.data(), 32 * p.w_stride), 0);
+  Weight wt;
+  wt.data = w.data();
+  wt.type = p.type;
+  wt.n_in = p.n;
+  wt.n_out = p.n_rows;
+  wt.row_bytes = p.w_stride;
+  wt.interleaved = true;
+  std::vector<uint8_t> tmp(p.w_stride);
+  for (int64_t r = 0; r < p.n_rows; ++r)
+    ASSERT_EQ(std::memcmp(cpu::file_row(wt, r, 0, tmp.data()), p.row(r), p.w_stride), 0) << "row " << r;
+}
+
+// The interleaved kernels against the reference vec_dot on the rows as they were in the file
+// (the reference of an interleaved kernel is: deinterleave, then the format's scalar dot), same
+// tolerance as the tile kernels.
+TEST(GemmKernels, InterleavedMatchReference) {
+  SEED_TRACE();
+  Rng rng(205);
+  int kernels = 0;
+  for_each_isa([&](const KernelTable& k) {
+    for (const GgmlTypeTraits& g : kGgmlTypeTable) {
+      const GemmFn gemm = k.gemm_interleaved[size_t(g.type)];
+      if (gemm == nullptr) continue;
+      ++kernels;
+      for (int64_t n : {256, 768, 2048})
+        for (int64_t rows : {16, 48})
+          for (int64_t tok : {1, 2, 7, 64}) {
+            Problem p(rng, g.type, n, rows, tok, 0, tok % 2 ? 20 : 0);
+            std::vector<uint8_t> w(p.w.size());
+            for (int64_t r0 = 0; r0 < rows; r0 += 16)
+              cpu::interleave_group(p.row(r0), p.w_stride, w.data() + size_t(r0) * p.w_stride);
+            check_gemm(k, p, tok % 2 ? rows + 3 : rows, gemm, w.data());
+          }
+      Problem p(rng, g.type, 2048, 32, 11, 0, 0, /*extreme=*/true);
+      std::vector<uint8_t> w(p.w.size());
+      for (int64_t r0 = 0; r0 < 32; r0 += 16)
+        cpu::interleave_group(p.row(r0), p.w_stride, w.data() + size_t(r0) * p.w_stride);
+      check_gemm(k, p, 32, gemm, w.data());
+    }
+  });
+  if (cpu::isa_supported(CpuIsa::avx512)) {
+    EXPECT_GE(kernels, 2) << "AVX-512 has Q4_K and Q5_K interleaved kernels";
+  }
 }
 
 }  // namespace

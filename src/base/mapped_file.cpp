@@ -110,6 +110,11 @@ SystemMemory system_memory() {
   return m;
 }
 
+bool MappedFile::set_writable(bool writable) {
+  if (mode_ != Mode::ram || data_ == nullptr) return false;
+  return mprotect(const_cast<uint8_t*>(data_), mapped_, writable ? PROT_READ | PROT_WRITE : PROT_READ) == 0;
+}
+
 Result<MappedFile> MappedFile::open(const std::string& path, Mode mode) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Error{strfmt("%s: cannot open: %s", path.c_str(), std::strerror(errno))};

@@ -42,6 +42,10 @@ class MappedFile {
   size_t size() const { return size_; }
   // How the bytes came in: ram or mmap (never automatic).
   Mode mode() const { return mode_; }
+  // ram mode: makes the bytes writable (true) or read-only again (false), for a loader that
+  // rewrites them in place (cpu/repack.h); returns whether it could (never in mmap mode).
+  bool set_writable(bool writable);
+  uint8_t* mutable_data() const { return const_cast<uint8_t*>(data_); }
   const std::string& path() const { return path_; }
 
  private:

@@ -75,12 +75,14 @@ Result<Loaded> load_model(const CommonOptions& o, const char* cmd) {
 
   if (c.threads > 0) cpu::set_compute_threads(c.threads);
   cpu::set_compute_pin(c.pin);
-  auto m = Model::load(c.model_path, budget->load);
+  auto m = Model::load(c.model_path, budget->load, c.repack);
   if (!m) return m.error();
+  std::string how = (*m)->file().load_mode() == MappedFile::Mode::ram ? "read into RAM" : "mapped";
+  if ((*m)->repacked_bytes > 0)
+    how += strfmt(", %s repacked in %.2f s", format_bytes(double((*m)->repacked_bytes)).c_str(), (*m)->repack_seconds);
   std::fprintf(stderr, "%s: loaded %s (%s, %s) in %.2f s (%s), %d threads%s\n", cmd, c.model_path.c_str(),
                s->arch.c_str(), format_bytes(double(s->n_bytes)).c_str(),
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-               (*m)->file().load_mode() == MappedFile::Mode::ram ? "read into RAM" : "mapped",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), how.c_str(),
                cpu::compute_pool().size(), c.source == "defaults" ? "" : (", config " + c.source).c_str());
   return Loaded{std::move(*m), std::move(*s), std::move(*config)};
 }

@@ -41,6 +41,7 @@ KernelTable build_table(CpuIsa isa) {
   if (isa >= CpuIsa::avx512) {
     detail::add_avx512_kernels(t.vec_dot.data(), t.quantize_row.data());
     detail::add_avx512_gemm(t.gemm.data());
+    detail::add_avx512_gemm_interleaved(t.gemm_interleaved.data());
     t.sgemm = detail::sgemm_avx512;
     t.exp_sum = detail::exp_sum_avx512;
     t.half_to_float = detail::half_to_float_avx512;
@@ -85,9 +86,16 @@ void KernelTable::gemm_tile(GgmlType weight, int64_t n, const void* w, size_t w_
   STRATA_CHECK(dot != nullptr, "weight type without vec_dot (loader must reject)");
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* ab = static_cast<const uint8_t*>(a);
-  for (int64_t r = 0; r < n_rows; ++r)
+  for (int64_t r = 0; r < n_rows; ++r) {
+    // the row after next asked for ahead of need: the hardware prefetchers alone leave a thread
+    // well below the bandwidth a GEMV needs (see kPrefetchAhead in avx512/gemm_avx512.cpp)
+    if (r + 2 < n_rows) {
+      const uint8_t* next = wb + size_t(r + 2) * w_stride;
+      for (size_t off = 0; off < w_stride; off += 64) __builtin_prefetch(next + off);
+    }
     for (int64_t t = 0; t < n_tok; ++t)
       y[t * ldy + r] = dot(n, wb + size_t(r) * w_stride, ab + size_t(t) * a_stride);
+  }
 }
 
 bool isa_supported(CpuIsa isa) {

@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "cpu/kernels.h"
 #include "cpu/quant_traits.h"
+#include "cpu/repack.h"
 #include "cpu/thread_pool.h"
 
 namespace strata::cpu {
@@ -68,17 +69,33 @@ void CpuBackend::tile(const Weight& w, int64_t r0, int64_t r1, const ActRows& a,
                       int64_t ldy) const {
   if (r1 <= r0 || a.n_tok == 0) return;
   if (path_ == MatmulPath::quantized) {
-    cpu_kernels().gemm_tile(w.type, w.n_in, w.row(r0), w.row_bytes, r1 - r0, a.data, a.row_bytes,
-                            a.n_tok, y, ldy);
+    const KernelTable& k = cpu_kernels();
+    if (w.interleaved) {
+      // the whole groups with the interleaved kernel, then the rows past them (file layout)
+      const int64_t g1 = std::min(r1, w.n_out / kInterleaveRows * kInterleaveRows);
+      if (r0 < g1) {
+        STRATA_CHECK(r0 % kInterleaveRows == 0 && g1 % kInterleaveRows == 0,
+                     "a tile of row-interleaved weights cuts a group of 16 rows");
+        const GemmFn g = k.gemm_interleaved[size_t(w.type)];
+        STRATA_CHECK(g != nullptr, "interleaved weights without an interleaved kernel");
+        g(w.n_in, w.row(r0), w.row_bytes, g1 - r0, a.data, a.row_bytes, a.n_tok, y, ldy);
+        y += g1 - r0;
+        r0 = g1;
+      }
+      if (r0 >= r1) return;
+    }
+    k.gemm_tile(w.type, w.n_in, w.row(r0), w.row_bytes, r1 - r0, a.data, a.row_bytes, a.n_tok, y, ldy);
     return;
   }
   // exact: each row dequantized once for all tokens
   const QuantTraits& qt = quant_traits(w.type);
   STRATA_CHECK(qt.dequantize_row != nullptr, "weight type without dequantize (loader must reject)");
   thread_local std::vector<float> row;
+  thread_local std::vector<uint8_t> packed;
   row.resize(size_t(w.n_in));
+  packed.resize(w.row_bytes);
   for (int64_t r = r0; r < r1; ++r) {
-    qt.dequantize_row(w.row(r), row.data(), w.n_in);
+    qt.dequantize_row(file_row(w, r, 0, packed.data()), row.data(), w.n_in);
     for (int64_t t = 0; t < a.n_tok; ++t)
       y[t * ldy + (r - r0)] = dot(row.data(), reinterpret_cast<const float*>(a.row(t)), w.n_in);
   }
@@ -145,7 +162,9 @@ void get_row(const Weight& w, int64_t row, float* out) {
   const QuantTraits& qt = quant_traits(w.type);
   STRATA_CHECK(qt.dequantize_row != nullptr);
   STRATA_CHECK(row >= 0 && row < w.n_out, "row out of range");
-  qt.dequantize_row(w.row(row), out, w.n_in);
+  thread_local std::vector<uint8_t> packed;
+  packed.resize(w.row_bytes);
+  qt.dequantize_row(file_row(w, row, 0, packed.data()), out, w.n_in);
 }
 
 void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* out) {

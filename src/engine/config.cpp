@@ -147,6 +147,12 @@ const std::vector<KeySpec>& key_specs() {
          c.pin = *n.value<bool>();
          return std::nullopt;
        }},
+      {"cpu", "repack", "rewrite weights read into RAM into the kernels' faster layouts",
+       [](const toml::node& n, Config& c) -> std::optional<std::string> {
+         if (!n.is_boolean()) return "must be true or false, got " + describe(n);
+         c.repack = *n.value<bool>();
+         return std::nullopt;
+       }},
       {"storage", "queue_depth", "NVMe reads in flight (io_uring queue depth)",
        [](const toml::node& n, Config& c) { return read_int(n, 1, 4096, c.queue_depth); }},
       {"storage", "prefetch_depth", "layers of routing look-ahead for NVMe prefetch (0: none)",

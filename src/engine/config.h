@@ -62,6 +62,7 @@ struct Config {
   // [cpu]
   int threads = 0;  // 0: one per physical core
   bool pin = true;
+  bool repack = true;  // weights read into RAM rewritten into the kernels' layouts (cpu/repack.h)
 
   // [storage]
   int queue_depth = 32;    // io_uring queue depth of NVMe reads (calibration, streaming)

@@ -1,9 +1,12 @@
 #include "model/model.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cinttypes>
 #include <cmath>
 
 #include "cpu/quant_traits.h"
+#include "cpu/repack.h"
 
 namespace strata {
 namespace {
@@ -253,13 +256,57 @@ uint64_t kv_bytes_per_token(const HParams& hp, KvType type) {
   return uint64_t(hp.n_head_kv) * uint64_t(hp.head_dim_k + hp.head_dim_v) * entry * uint64_t(hp.n_layer);
 }
 
-Result<std::unique_ptr<Model>> Model::load(const std::string& path, MappedFile::Mode mode) {
+Result<std::unique_ptr<Model>> Model::load(const std::string& path, MappedFile::Mode mode, bool repack) {
   auto f = GgufFile::open(path, mode);
   if (!f) return f.error();
-  return load(std::move(*f));
+  return load(std::move(*f), repack);
 }
 
-Result<std::unique_ptr<Model>> Model::load(GgufFile file) {
+namespace {
+
+// Every weight view of the model (some views share a tensor: tied embeddings).
+std::vector<Weight*> all_weights(Model& m) {
+  std::vector<Weight*> out{&m.tok_embd, &m.output_norm, &m.output};
+  for (LayerWeights& l : m.layers)
+    for (Weight* w : {&l.attn_norm, &l.ffn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.bo,
+                      &l.attn_sinks, &l.q_norm, &l.k_norm, &l.wq_a, &l.q_a_norm, &l.wq_b, &l.wkv_a_mqa,
+                      &l.kv_a_norm, &l.wk_b, &l.wv_b, &l.ffn_gate, &l.ffn_up, &l.ffn_down, &l.router,
+                      &l.router_b, &l.exp_probs_b, &l.gate_exps, &l.up_exps, &l.down_exps, &l.gate_exps_b,
+                      &l.up_exps_b, &l.down_exps_b, &l.gate_shexp, &l.up_shexp, &l.down_shexp,
+                      &l.gate_inp_shexp})
+      out.push_back(w);
+  return out;
+}
+
+// Interleaves, in place, every tensor the kernels read faster so (cpu/repack.h), once per
+// tensor, and marks every view of it. Nothing happens for a mapped file.
+void repack_weights(Model& m, GgufFile& file) {
+  std::vector<Weight*> ws = all_weights(m);
+  std::vector<Weight*> todo;
+  for (Weight* w : ws)
+    if (cpu::can_interleave(*w)) todo.push_back(w);
+  if (todo.empty()) return;
+  uint8_t* base = file.set_writable(true);
+  if (base == nullptr) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  const uint8_t* file_base = file.bytes_.data();
+  std::sort(todo.begin(), todo.end(), [](const Weight* a, const Weight* b) { return a->data < b->data; });
+  for (size_t i = 0; i < todo.size(); ++i) {
+    Weight& w = *todo[i];
+    if (i > 0 && todo[i - 1]->data == w.data) {  // another view of the tensor just interleaved
+      w.interleaved = true;
+      continue;
+    }
+    cpu::interleave(w, base + (w.data - file_base));
+    m.repacked_bytes += w.mat_bytes() * uint64_t(w.n_mat);
+  }
+  file.set_writable(false);
+  m.repack_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> Model::load(GgufFile file, bool repack) {
   auto m = std::make_unique<Model>();
   m->file_ = std::move(file);
   const GgufFile& f = m->file_;
@@ -349,6 +396,7 @@ Result<std::unique_ptr<Model>> Model::load(GgufFile file) {
       ASSIGN_OR_RETURN(l.gate_inp_shexp, g.get_f32(n("ffn_gate_inp_shexp.weight"), {E}, false));
     }
   }
+  if (repack) repack_weights(*m, m->file_);
   return m;
 }
 

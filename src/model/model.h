@@ -102,15 +102,23 @@ struct LayerWeights {
 
 class Model {
  public:
+  // repack: weights read into RAM are rewritten into the layouts the start-up kernels read
+  // fastest (cpu/repack.h: 16-row interleaving where the ISA has such a kernel); mapped files
+  // stay as they are.
   static Result<std::unique_ptr<Model>> load(const std::string& path,
-                                             MappedFile::Mode mode = MappedFile::Mode::mmap);
-  static Result<std::unique_ptr<Model>> load(GgufFile file);
+                                             MappedFile::Mode mode = MappedFile::Mode::mmap,
+                                             bool repack = true);
+  static Result<std::unique_ptr<Model>> load(GgufFile file, bool repack = true);
 
   const HParams& hparams() const { return hp_; }
   const GgufFile& file() const { return file_; }
 
   Weight tok_embd, output_norm, output;
   std::vector<LayerWeights> layers;
+
+  // What load's repacking did: bytes of weights interleaved and the time it took.
+  uint64_t repacked_bytes = 0;
+  double repack_seconds = 0;
 
  private:
   GgufFile file_;

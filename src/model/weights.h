@@ -16,6 +16,10 @@ struct Weight {
   int64_t n_out = 0;  // ne[1]: rows (the output dimension); 1 for a vector
   int64_t n_mat = 1;  // ne[2]: stacked matrices (experts), 1 otherwise
   size_t row_bytes = 0;
+  // The whole 16-row groups of each matrix are row-interleaved (cpu/repack.h): row(r) is then the
+  // start of r's group where r % 16 == 0, and row r itself only in the last n_out % 16 rows.
+  // Readers of single rows go through cpu::file_row.
+  bool interleaved = false;
 
   explicit operator bool() const { return data != nullptr; }
   size_t mat_bytes() const { return row_bytes * size_t(n_out); }

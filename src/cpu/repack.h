@@ -1,0 +1,45 @@
+// Row-interleaved weight layout (issue #4, deliverable 3), made on the way into RAM.
+//
+// In the file a matrix is row after row. The tile kernels want, for 16 rows at a time, the same
+// four bytes of every row side by side: one 64-byte register then holds one dword of each of the
+// 16 rows, i.e. one int32 lane per row, and vpdpbusd adds four products to all 16 rows at once.
+// Read from the file layout that needs a 16 x 16 dword transpose per 64 bytes of each row, in the
+// kernel, every time the weights are used (gemm_avx512.cpp does it for the file layout).
+// Interleaving does that transpose once, at load:
+//
+//   a group is 16 consecutive rows r0 .. r0 + 15 of one matrix (r0 a multiple of 16). Its bytes
+//   (16 x row_bytes, where the 16 rows were) hold dword j of row r0 + i at dword 16 j + i.
+//
+// Only whole groups are interleaved: the last n_out % 16 rows of each matrix stay as in the file,
+// so Weight::row(r) still points at row r there, and at the start of its group for r % 16 == 0.
+// The block structure does not matter to the layout; a type is interleaved only where the ISA has
+// a kernel that reads it (KernelTable::gemm_interleaved) and its rows are a whole number of dwords.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "model/weights.h"
+
+namespace strata::cpu {
+
+inline constexpr int kInterleaveRows = 16;
+
+// Whether `w` can be interleaved for the running kernel table: a matrix type with an interleaved
+// kernel, rows a whole number of dwords, at least one whole group. (False once it is interleaved.)
+bool can_interleave(const Weight& w);
+
+// In place: every whole group of every matrix of the stack interleaved, on compute_pool().
+// `data` must be writable and be w.data. Sets w.interleaved. Precondition: can_interleave(w).
+void interleave(Weight& w, uint8_t* data);
+
+// 16 rows of row_bytes each (src, contiguous) -> the group layout (dst). No overlap.
+void interleave_group(const uint8_t* src, size_t row_bytes, uint8_t* dst);
+// Row i (0..15) of a group back in the file layout: dst[0 .. row_bytes).
+void deinterleave_row(const uint8_t* group, size_t row_bytes, int i, uint8_t* dst);
+
+// Row r of matrix `mat` of w in the file layout: a pointer into w where it is stored so,
+// otherwise deinterleaved into tmp (row_bytes) and tmp returned.
+const uint8_t* file_row(const Weight& w, int64_t r, int64_t mat, uint8_t* tmp);
+
+}  // namespace strata::cpu
