@@ -3,7 +3,8 @@
 //    each, 64 KiB with fault-around), shared with other processes and evictable;
 //  - ram: the file read once into anonymous memory asked to use transparent huge pages (2 MiB
 //    pages: no faults after loading, far fewer TLB misses when experts are read at random).
-//    Costs a full read at load.
+//    Costs a full read at load. A file larger than half the memory available leaves no copy in
+//    the page cache (dropped as it is read).
 #pragma once
 
 #include <cstddef>
