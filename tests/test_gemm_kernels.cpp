@@ -302,21 +302,25 @@ TEST(GemmKernels, ConcurrentRowChunksMatchOneCall) {
 TEST(Interleave, RoundTripsEveryRow) {
   SEED_TRACE();
   Rng rng(204);
-  Problem p(rng, GgmlType::q4_k, 768, 37, 1, 0, 0);  // two groups and a tail of 5 rows
-  std::vector<uint8_t> w = p.w;
-  for (int64_t r0 = 0; r0 + 16 <= p.n_rows; r0 += 16)
-    cpu::interleave_group(p.row(r0), p.w_stride, w.data() + size_t(r0) * p.w_stride);
-  EXPECT_NE(std::memcmp(w.data(), p.w.data(), 32 * p.w_stride), 0);
-  Weight wt;
-  wt.data = w.data();
-  wt.type = p.type;
-  wt.n_in = p.n;
-  wt.n_out = p.n_rows;
-  wt.row_bytes = p.w_stride;
-  wt.interleaved = true;
-  std::vector<uint8_t> tmp(p.w_stride);
-  for (int64_t r = 0; r < p.n_rows; ++r)
-    ASSERT_EQ(std::memcmp(cpu::file_row(wt, r, 0, tmp.data()), p.row(r), p.w_stride), 0) << "row " << r;
+  for (const GgmlTypeTraits& g : kGgmlTypeTable) {
+    if (cpu::interleave_layout(g.type).block == 0) continue;
+    SCOPED_TRACE(std::string(g.name));
+    Problem p(rng, g.type, 768, 37, 1, 0, 0);  // two groups and a tail of 5 rows
+    std::vector<uint8_t> w = p.w;
+    for (int64_t r0 = 0; r0 + 16 <= p.n_rows; r0 += 16)
+      cpu::interleave_group(p.type, p.row(r0), p.w_stride, w.data() + size_t(r0) * p.w_stride);
+    EXPECT_NE(std::memcmp(w.data(), p.w.data(), 32 * p.w_stride), 0);
+    Weight wt;
+    wt.data = w.data();
+    wt.type = p.type;
+    wt.n_in = p.n;
+    wt.n_out = p.n_rows;
+    wt.row_bytes = p.w_stride;
+    wt.interleaved = true;
+    std::vector<uint8_t> tmp(p.w_stride);
+    for (int64_t r = 0; r < p.n_rows; ++r)
+      ASSERT_EQ(std::memcmp(cpu::file_row(wt, r, 0, tmp.data()), p.row(r), p.w_stride), 0) << "row " << r;
+  }
 }
 
 // The interleaved kernels against the reference vec_dot on the rows as they were in the file
@@ -331,24 +335,24 @@ TEST(GemmKernels, InterleavedMatchReference) {
       const GemmFn gemm = k.gemm_interleaved[size_t(g.type)];
       if (gemm == nullptr) continue;
       ++kernels;
-      for (int64_t n : {256, 768, 2048})
+      for (int64_t n : lengths_for(g.type))
         for (int64_t rows : {16, 48})
           for (int64_t tok : {1, 2, 7, 64}) {
             Problem p(rng, g.type, n, rows, tok, 0, tok % 2 ? 20 : 0);
             std::vector<uint8_t> w(p.w.size());
             for (int64_t r0 = 0; r0 < rows; r0 += 16)
-              cpu::interleave_group(p.row(r0), p.w_stride, w.data() + size_t(r0) * p.w_stride);
+              cpu::interleave_group(p.type, p.row(r0), p.w_stride, w.data() + size_t(r0) * p.w_stride);
             check_gemm(k, p, tok % 2 ? rows + 3 : rows, gemm, w.data());
           }
       Problem p(rng, g.type, 2048, 32, 11, 0, 0, /*extreme=*/true);
       std::vector<uint8_t> w(p.w.size());
       for (int64_t r0 = 0; r0 < 32; r0 += 16)
-        cpu::interleave_group(p.row(r0), p.w_stride, w.data() + size_t(r0) * p.w_stride);
+        cpu::interleave_group(p.type, p.row(r0), p.w_stride, w.data() + size_t(r0) * p.w_stride);
       check_gemm(k, p, 32, gemm, w.data());
     }
   });
   if (cpu::isa_supported(CpuIsa::avx512)) {
-    EXPECT_GE(kernels, 2) << "AVX-512 has Q4_K and Q5_K interleaved kernels";
+    EXPECT_GE(kernels, 6) << "AVX-512 has Q4_K, Q5_K, Q8_0, Q4_0, IQ4_NL and MXFP4 interleaved kernels";
   }
 }
 

@@ -1,5 +1,6 @@
 #include "cpu/kernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -75,6 +76,9 @@ float detail::exp_sum_ref(const float* x, float* y, int64_t n, float max) {
   return float(sum);
 }
 
+// 4 KiB: one thread reading Q6_K / Q8_0 from DRAM 21 -> 23.5 GB/s (MXFP4, BF16 within the noise)
+constexpr size_t kPrefetchBytes = 4096;
+
 void KernelTable::gemm_tile(GgmlType weight, int64_t n, const void* w, size_t w_stride,
                             int64_t n_rows, const void* a, size_t a_stride, int64_t n_tok, float* y,
                             int64_t ldy) const {
@@ -86,13 +90,14 @@ void KernelTable::gemm_tile(GgmlType weight, int64_t n, const void* w, size_t w_
   STRATA_CHECK(dot != nullptr, "weight type without vec_dot (loader must reject)");
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* ab = static_cast<const uint8_t*>(a);
+  // the weights asked for kPrefetchBytes ahead of need (within this tile's rows): the hardware
+  // prefetchers alone leave a thread well below the bandwidth a GEMV needs (see kPrefetchAhead in
+  // avx512/gemm_avx512.cpp)
+  const uint8_t* const end = wb + size_t(n_rows) * w_stride;
   for (int64_t r = 0; r < n_rows; ++r) {
-    // the row after next asked for ahead of need: the hardware prefetchers alone leave a thread
-    // well below the bandwidth a GEMV needs (see kPrefetchAhead in avx512/gemm_avx512.cpp)
-    if (r + 2 < n_rows) {
-      const uint8_t* next = wb + size_t(r + 2) * w_stride;
-      for (size_t off = 0; off < w_stride; off += 64) __builtin_prefetch(next + off);
-    }
+    const uint8_t* row = wb + size_t(r) * w_stride;
+    for (const uint8_t* p = row + kPrefetchBytes; p < std::min(end, row + w_stride + kPrefetchBytes); p += 64)
+      __builtin_prefetch(p);
     for (int64_t t = 0; t < n_tok; ++t)
       y[t * ldy + r] = dot(n, wb + size_t(r) * w_stride, ab + size_t(t) * a_stride);
   }

@@ -10,22 +10,56 @@
 
 namespace strata::cpu {
 
+InterleaveLayout interleave_layout(GgmlType type) {
+  switch (type) {
+    case GgmlType::q4_k: return {144, 0, 1};
+    case GgmlType::q5_k: return {176, 0, 1};
+    case GgmlType::q8_0: return {34, 2, 2};
+    case GgmlType::q4_0: return {18, 2, 2};
+    case GgmlType::iq4_nl: return {18, 2, 2};
+    case GgmlType::mxfp4: return {17, 1, 4};
+    default: return {};
+  }
+}
+
 bool can_interleave(const Weight& w) {
-  return w && !w.interleaved && size_t(w.type) < kKernelTypeCount &&
-         cpu_kernels().gemm_interleaved[size_t(w.type)] != nullptr && w.row_bytes % 4 == 0 &&
-         w.n_out >= kInterleaveRows;
+  const InterleaveLayout l = interleave_layout(w.type);
+  return w && !w.interleaved && l.block != 0 && (l.block - l.head) % 4 == 0 && w.row_bytes % l.block == 0 &&
+         cpu_kernels().gemm_interleaved[size_t(w.type)] != nullptr && w.n_out >= kInterleaveRows;
 }
 
-void interleave_group(const uint8_t* src, size_t row_bytes, uint8_t* dst) {
-  const size_t n_dw = row_bytes / 4;
-  for (size_t j = 0; j < n_dw; ++j)
-    for (int i = 0; i < kInterleaveRows; ++i)
-      std::memcpy(dst + (j * kInterleaveRows + size_t(i)) * 4, src + size_t(i) * row_bytes + j * 4, 4);
+namespace {
+
+// Calls fn(row i, offset in the row, offset in the group, bytes) for every piece of a group.
+template <class Fn>
+void for_each_piece(GgmlType type, size_t row_bytes, Fn&& fn) {
+  const InterleaveLayout l = interleave_layout(type);
+  STRATA_CHECK(l.block != 0 && row_bytes % l.block == 0, "no interleaved layout for this type");
+  const size_t R = kInterleaveRows, nd = (l.block - l.head) / 4, nb = row_bytes / l.block;
+  for (size_t b = 0; b < nb; b += l.unit) {
+    const size_t m = std::min(l.unit, nb - b), base = b * l.block * R;
+    for (size_t j = 0; j < m; ++j) {
+      const size_t src = (b + j) * l.block;
+      for (size_t i = 0; i < R; ++i) {
+        if (l.head) fn(i, src, base + (R * j + i) * l.head, l.head);
+        for (size_t k = 0; k < nd; ++k) fn(i, src + l.head + 4 * k, base + R * m * l.head + 64 * (j * nd + k) + 4 * i, 4);
+      }
+    }
+  }
 }
 
-void deinterleave_row(const uint8_t* group, size_t row_bytes, int i, uint8_t* dst) {
-  const size_t n_dw = row_bytes / 4;
-  for (size_t j = 0; j < n_dw; ++j) std::memcpy(dst + j * 4, group + (j * kInterleaveRows + size_t(i)) * 4, 4);
+}  // namespace
+
+void interleave_group(GgmlType type, const uint8_t* src, size_t row_bytes, uint8_t* dst) {
+  for_each_piece(type, row_bytes, [&](size_t i, size_t in_row, size_t in_group, size_t n) {
+    std::memcpy(dst + in_group, src + i * row_bytes + in_row, n);
+  });
+}
+
+void deinterleave_row(GgmlType type, const uint8_t* group, size_t row_bytes, int i, uint8_t* dst) {
+  for_each_piece(type, row_bytes, [&](size_t r, size_t in_row, size_t in_group, size_t n) {
+    if (r == size_t(i)) std::memcpy(dst + in_row, group + in_group, n);
+  });
 }
 
 void interleave(Weight& w, uint8_t* data) {
@@ -42,7 +76,7 @@ void interleave(Weight& w, uint8_t* data) {
       const int64_t mat = g / groups_per_mat, r0 = (g % groups_per_mat) * kInterleaveRows;
       uint8_t* p = data + (cw.row(r0, mat) - cw.data);
       std::memcpy(tmp.data(), p, group_bytes);
-      interleave_group(tmp.data(), cw.row_bytes, p);
+      interleave_group(cw.type, tmp.data(), cw.row_bytes, p);
     }
   });
   w.interleaved = true;
@@ -51,7 +85,7 @@ void interleave(Weight& w, uint8_t* data) {
 const uint8_t* file_row(const Weight& w, int64_t r, int64_t mat, uint8_t* tmp) {
   if (!w.interleaved || r >= w.n_out / kInterleaveRows * kInterleaveRows) return w.row(r, mat);
   const int64_t r0 = r / kInterleaveRows * kInterleaveRows;
-  deinterleave_row(w.row(r0, mat), w.row_bytes, int(r - r0), tmp);
+  deinterleave_row(w.type, w.row(r0, mat), w.row_bytes, int(r - r0), tmp);
   return tmp;
 }
 

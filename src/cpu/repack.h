@@ -7,13 +7,19 @@
 // kernel, every time the weights are used (gemm_avx512.cpp does it for the file layout).
 // Interleaving does that transpose once, at load:
 //
-//   a group is 16 consecutive rows r0 .. r0 + 15 of one matrix (r0 a multiple of 16). Its bytes
-//   (16 x row_bytes, where the 16 rows were) hold dword j of row r0 + i at dword 16 j + i.
+//   a group is 16 consecutive rows r0 .. r0 + 15 of one matrix (r0 a multiple of 16); its bytes
+//   (16 x row_bytes, where the 16 rows were) hold the rows' blocks in units of `unit` blocks (the
+//   last unit of a row may have fewer, m). A unit starting at block b lies at 16 b block bytes:
+//   first the `head` bytes of its blocks (block b + j of row i at (16 j + i) head: the scales a
+//   block starts with), then their dwords (dword k of block b + j of row i at 16 m head +
+//   64 (j nd + k) + 4 i, nd = (block - head) / 4 dwords per block).
 //
-// Only whole groups are interleaved: the last n_out % 16 rows of each matrix stay as in the file,
-// so Weight::row(r) still points at row r there, and at the start of its group for r % 16 == 0.
-// The block structure does not matter to the layout; a type is interleaved only where the ISA has
-// a kernel that reads it (KernelTable::gemm_interleaved) and its rows are a whole number of dwords.
+// Q4_K / Q5_K have no head (their scales are whole dwords) and units of one block; Q8_0, Q4_0 and
+// IQ4_NL a 2-byte head (d) and units of 2 blocks, MXFP4 a 1-byte head (the exponent) and units of
+// 4: the heads of a unit fill 64 bytes, so every quant register is one aligned cache line. Only whole groups are interleaved: the last
+// n_out % 16 rows of each matrix stay as in the file, so Weight::row(r) still points at row r
+// there, and at the start of its group for r % 16 == 0. A type is interleaved only where the ISA
+// has a kernel that reads it (KernelTable::gemm_interleaved).
 #pragma once
 
 #include <cstddef>
@@ -25,18 +31,25 @@ namespace strata::cpu {
 
 inline constexpr int kInterleaveRows = 16;
 
+// A type's blocks in the interleaved layout: block bytes, head bytes per block and row, blocks
+// per unit (block 0: the type has no interleaved layout).
+struct InterleaveLayout {
+  size_t block = 0, head = 0, unit = 1;
+};
+InterleaveLayout interleave_layout(GgmlType type);
+
 // Whether `w` can be interleaved for the running kernel table: a matrix type with an interleaved
-// kernel, rows a whole number of dwords, at least one whole group. (False once it is interleaved.)
+// kernel and a layout, at least one whole group. (False once it is interleaved.)
 bool can_interleave(const Weight& w);
 
 // In place: every whole group of every matrix of the stack interleaved, on compute_pool().
 // `data` must be writable and be w.data. Sets w.interleaved. Precondition: can_interleave(w).
 void interleave(Weight& w, uint8_t* data);
 
-// 16 rows of row_bytes each (src, contiguous) -> the group layout (dst). No overlap.
-void interleave_group(const uint8_t* src, size_t row_bytes, uint8_t* dst);
+// 16 rows of row_bytes each (src, contiguous) -> the group layout of `type` (dst). No overlap.
+void interleave_group(GgmlType type, const uint8_t* src, size_t row_bytes, uint8_t* dst);
 // Row i (0..15) of a group back in the file layout: dst[0 .. row_bytes).
-void deinterleave_row(const uint8_t* group, size_t row_bytes, int i, uint8_t* dst);
+void deinterleave_row(GgmlType type, const uint8_t* group, size_t row_bytes, int i, uint8_t* dst);
 
 // Row r of matrix `mat` of w in the file layout: a pointer into w where it is stored so,
 // otherwise deinterleaved into tmp (row_bytes) and tmp returned.

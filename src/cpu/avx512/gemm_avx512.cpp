@@ -684,6 +684,135 @@ void gemm_32(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const vo
   }
 }
 
+// ---- 32-element formats, row-interleaved (cpu/repack.h) ----
+//
+// Each block of a group is the 16 rows' scales (the head: kHead bytes per row) followed by the
+// quant dwords, register g of which holds elements 4g .. 4g + 3 of every row once unpacked: no
+// transpose. Decode (one token) goes straight from the loads to vpdpbusd; several tokens fill
+// the same Tile32 as the file layout and share tokens_32.
+
+struct Q8_0Interleaved {
+  static constexpr int kOffset = 128;
+  static constexpr size_t kBlock = sizeof(block_q8_0), kHead = 2;
+  static constexpr int64_t kUnit = 2;
+  static __m512 scales(const uint8_t* head) { return _mm512_cvtph_ps(load32(head)); }
+  static void quants(const uint8_t* qs, __m512i q[8]) {
+    const __m512i flip = _mm512_set1_epi8(char(0x80));  // q + 128 as u8
+    for (int g = 0; g < 8; ++g) q[g] = _mm512_xor_si512(load64(qs + 64 * g), flip);
+  }
+};
+
+// 4-bit formats: dword k of a block's 16 quant bytes holds elements 4k .. 4k + 3 in its low
+// nibbles and 16 + 4k .. 16 + 4k + 3 in its high nibbles; the value is table[nibble] (+ offset).
+template <size_t kBlockBytes, size_t kHeadBytes>
+struct NibbleInterleaved {
+  static constexpr size_t kBlock = kBlockBytes, kHead = kHeadBytes;
+  static constexpr int64_t kUnit = 64 / (kRows * kHeadBytes);  // the heads of a unit: one cache line
+  static void nibbles(const uint8_t* qs, __m128i table, __m512i q[8]) {
+    const __m512i tab = _mm512_broadcast_i32x4(table), m4 = _mm512_set1_epi8(0x0F);
+    for (int k = 0; k < 4; ++k) {
+      const __m512i r = load64(qs + 64 * k);
+      q[k] = _mm512_shuffle_epi8(tab, _mm512_and_si512(r, m4));
+      q[k + 4] = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(r, 4), m4));
+    }
+  }
+};
+struct Q4_0Interleaved : NibbleInterleaved<sizeof(block_q4_0), 2> {
+  static constexpr int kOffset = 8;
+  static __m512 scales(const uint8_t* head) { return _mm512_cvtph_ps(load32(head)); }
+  static void quants(const uint8_t* qs, __m512i q[8]) {
+    nibbles(qs, _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), q);
+  }
+};
+struct Iq4NlInterleaved : NibbleInterleaved<sizeof(block_iq4_nl), 2> {
+  static constexpr int kOffset = 127;
+  static __m512 scales(const uint8_t* head) { return _mm512_cvtph_ps(load32(head)); }
+  static void quants(const uint8_t* qs, __m512i q[8]) {
+    nibbles(qs, _mm_add_epi8(load16(kvalues_iq4nl), _mm_set1_epi8(127)), q);
+  }
+};
+struct Mxfp4Interleaved : NibbleInterleaved<sizeof(block_mxfp4), 1> {
+  static constexpr int kOffset = 12;
+  // e8m0_half of each row's exponent byte: 2^(e - 128), e = 0 and 1 as denormals
+  static __m512 scales(const uint8_t* head) {
+    const __m512i e = _mm512_cvtepu8_epi32(load16(head));
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i tiny = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), normal, tiny));
+  }
+  static void quants(const uint8_t* qs, __m512i q[8]) {
+    nibbles(qs, _mm_add_epi8(load16(kvalues_mxfp4), _mm_set1_epi8(12)), q);
+  }
+};
+
+// Decode prefetch distance for these formats (bytes ahead in the group's stream).
+constexpr size_t kPrefetchAhead32 = 4096;
+
+// Where block b of a group (nb blocks per row) keeps its 16 scales and its quant registers
+// (cpu/repack.h: units of F::kUnit blocks, heads first).
+template <class F>
+struct BlockAt {
+  const uint8_t *head, *qs;
+  BlockAt(const uint8_t* group, int64_t nb, int64_t b) {
+    const int64_t ub = b / F::kUnit * F::kUnit, m = std::min<int64_t>(F::kUnit, nb - ub), j = b - ub;
+    const uint8_t* base = group + size_t(ub) * F::kBlock * kRows;
+    head = base + size_t(j) * kRows * F::kHead;
+    qs = base + size_t(m) * kRows * F::kHead + size_t(j) * (F::kBlock - F::kHead) * kRows;
+  }
+};
+
+template <class F>
+void gemv_32_interleaved(int64_t nb, const uint8_t* group, const uint8_t* a, const TokenBlock* tb, float* y) {
+  constexpr size_t kGroupBlock = F::kBlock * kRows;
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockAt<F> blk(group, nb, b);
+    const char* pf = reinterpret_cast<const char*>(group + size_t(b) * kGroupBlock) + kPrefetchAhead32;
+    for (size_t l = 0; l < kGroupBlock; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+    __m512i q[8];
+    F::quants(blk.qs, q);
+    const uint8_t* qs = a + size_t(b) * sizeof(block_q8_0) + offsetof(block_q8_0, qs);
+    __m512i acc0 = _mm512_set1_epi32(tb[b].start), acc1 = _mm512_setzero_si512();
+    for (int g = 0; g < 8; g += 2) {
+      acc0 = _mm512_dpbusd_epi32(acc0, q[g], bcast4(qs + 4 * g));
+      acc1 = _mm512_dpbusd_epi32(acc1, q[g + 1], bcast4(qs + 4 * g + 4));
+    }
+    const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc0, acc1)), _mm512_set1_ps(tb[b].d));
+    sum = _mm512_fmadd_ps(v, F::scales(blk.head), sum);
+  }
+  _mm512_storeu_ps(y, sum);
+}
+
+template <class F>
+void gemm_32_interleaved(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
+                         int64_t n_tok, float* y, int64_t ldy) {
+  const int64_t nb = n / 32;
+  const auto* ab = static_cast<const uint8_t*>(a);
+  thread_local std::vector<TokenBlock> tbs;
+  token_blocks_q8_0(ab, a_stride, n_tok, nb, F::kOffset, tbs);
+  alignas(64) Tile32 tile;
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
+    const uint8_t* group = static_cast<const uint8_t*>(w) + size_t(r0) * w_stride;
+    if (n_tok == 1) {
+      gemv_32_interleaved<F>(nb, group, ab, tbs.data(), y + r0);
+      continue;
+    }
+    for (int64_t b0 = 0; b0 < nb; b0 += kUnitBlocks) {
+      const int nblk = int(std::min<int64_t>(kUnitBlocks, nb - b0));
+      for (int b = 0; b < nblk; ++b) {
+        const BlockAt<F> blk(group, nb, b0 + b);
+        tile.d[b] = F::scales(blk.head);
+        F::quants(blk.qs, &tile.q[8 * b]);
+      }
+      for_token_blocks(n_tok, [&](auto T, int64_t t0) {
+        tokens_32<decltype(T)::value>(tile, nblk, ab + size_t(t0) * a_stride + size_t(b0) * sizeof(block_q8_0), a_stride,
+                           tbs.data() + size_t(t0 * nb + b0), size_t(nb), y + t0 * ldy + r0, ldy, __mmask16(0xFFFF),
+                           b0 == 0);
+      });
+    }
+  }
+}
+
 // ---- F16 / BF16 weights x float activations ----
 //
 // 16 rows x 256 elements widened to float and transposed (16 x 16 blocks) into L1 scratch, so that
@@ -778,6 +907,10 @@ void add_avx512_gemm(GemmFn* gemm) {
 void add_avx512_gemm_interleaved(GemmFn* gemm) {
   gemm[size_t(GgmlType::q4_k)] = gemm_q45K_interleaved<block_q4_K, false>;
   gemm[size_t(GgmlType::q5_k)] = gemm_q45K_interleaved<block_q5_K, true>;
+  gemm[size_t(GgmlType::q8_0)] = gemm_32_interleaved<Q8_0Interleaved>;
+  gemm[size_t(GgmlType::q4_0)] = gemm_32_interleaved<Q4_0Interleaved>;
+  gemm[size_t(GgmlType::iq4_nl)] = gemm_32_interleaved<Iq4NlInterleaved>;
+  gemm[size_t(GgmlType::mxfp4)] = gemm_32_interleaved<Mxfp4Interleaved>;
 }
 
 }  // namespace detail
