@@ -1,4 +1,4 @@
-// A whole file, read-only in memory. Move-only; unmaps on destruction. Two ways in:
+// A whole file in memory, read-only to its readers. Move-only; unmaps on destruction. Two ways in:
 //  - mmap (default): the kernel's page cache, mapped; pages are faulted in on first touch (4 KiB
 //    each, 64 KiB with fault-around), shared with other processes and evictable;
 //  - ram: the file read once into anonymous memory asked to use transparent huge pages (2 MiB
@@ -43,10 +43,9 @@ class MappedFile {
   size_t size() const { return size_; }
   // How the bytes came in: ram or mmap (never automatic).
   Mode mode() const { return mode_; }
-  // ram mode: makes the bytes writable (true) or read-only again (false), for a loader that
-  // rewrites them in place (cpu/repack.h); returns whether it could (never in mmap mode).
-  bool set_writable(bool writable);
-  uint8_t* mutable_data() const { return const_cast<uint8_t*>(data_); }
+  // ram mode: the bytes, writable, for a loader that rewrites them in place (cpu/repack.h);
+  // null in mmap mode (the file's pages are never written).
+  uint8_t* mutable_data() const { return mode_ == Mode::ram ? const_cast<uint8_t*>(data_) : nullptr; }
   const std::string& path() const { return path_; }
 
  private:

@@ -172,11 +172,9 @@ class GgufFile {
  public:
   // How the file's bytes came into memory (mmap for caller-owned bytes).
   MappedFile::Mode load_mode() const { return map_ ? map_->mode() : MappedFile::Mode::mmap; }
-  // The bytes made writable (read into RAM only; null otherwise) or read-only again (null), for
-  // the loader's in-place repacking (cpu/repack.h).
-  uint8_t* set_writable(bool writable) {
-    return map_ && map_->set_writable(writable) && writable ? map_->mutable_data() : nullptr;
-  }
+  // The bytes, writable, where they were read into RAM (null otherwise): for the loader's in-place
+  // repacking (cpu/repack.h).
+  uint8_t* mutable_bytes() const { return map_ ? map_->mutable_data() : nullptr; }
   std::span<const uint8_t> bytes_;
   std::string name_;
   uint32_t version_ = 0;

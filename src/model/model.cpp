@@ -286,7 +286,7 @@ void repack_weights(Model& m, GgufFile& file) {
   for (Weight* w : ws)
     if (cpu::can_interleave(*w)) todo.push_back(w);
   if (todo.empty()) return;
-  uint8_t* base = file.set_writable(true);
+  uint8_t* base = file.mutable_bytes();
   if (base == nullptr) return;
   const auto t0 = std::chrono::steady_clock::now();
   const uint8_t* file_base = file.bytes_.data();
@@ -300,7 +300,6 @@ void repack_weights(Model& m, GgufFile& file) {
     cpu::interleave(w, base + (w.data - file_base));
     m.repacked_bytes += w.mat_bytes() * uint64_t(w.n_mat);
   }
-  file.set_writable(false);
   m.repack_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 

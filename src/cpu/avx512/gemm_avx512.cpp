@@ -767,8 +767,10 @@ void gemv_32_interleaved(int64_t nb, const uint8_t* group, const uint8_t* a, con
   __m512 sum = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const BlockAt<F> blk(group, nb, b);
-    const char* pf = reinterpret_cast<const char*>(group + size_t(b) * kGroupBlock) + kPrefetchAhead32;
-    for (size_t l = 0; l < kGroupBlock; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+    if (b % F::kUnit == 0) {  // a unit's lines at once (aligned: kUnit blocks of 16 rows are whole lines)
+      const char* pf = reinterpret_cast<const char*>(group + size_t(b) * kGroupBlock) + kPrefetchAhead32;
+      for (size_t l = 0; l < kGroupBlock * F::kUnit; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+    }
     __m512i q[8];
     F::quants(blk.qs, q);
     const uint8_t* qs = a + size_t(b) * sizeof(block_q8_0) + offsetof(block_q8_0, qs);
