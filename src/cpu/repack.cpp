@@ -12,20 +12,22 @@ namespace strata::cpu {
 
 InterleaveLayout interleave_layout(GgmlType type) {
   switch (type) {
-    case GgmlType::q4_k: return {144, 0, 1};
-    case GgmlType::q5_k: return {176, 0, 1};
-    case GgmlType::q8_0: return {34, 2, 2};
-    case GgmlType::q4_0: return {18, 2, 2};
-    case GgmlType::iq4_nl: return {18, 2, 2};
-    case GgmlType::mxfp4: return {17, 1, 4};
+    case GgmlType::q4_k: return {144, 0, 0, 1};
+    case GgmlType::q5_k: return {176, 0, 0, 1};
+    case GgmlType::q6_k: return {210, 0, 2, 2};
+    case GgmlType::q8_0: return {34, 2, 0, 2};
+    case GgmlType::q4_0: return {18, 2, 0, 2};
+    case GgmlType::iq4_nl: return {18, 2, 0, 2};
+    case GgmlType::mxfp4: return {17, 1, 0, 4};
     default: return {};
   }
 }
 
 bool can_interleave(const Weight& w) {
   const InterleaveLayout l = interleave_layout(w.type);
-  return w && !w.interleaved && l.block != 0 && (l.block - l.head) % 4 == 0 && w.row_bytes % l.block == 0 &&
-         cpu_kernels().gemm_interleaved[size_t(w.type)] != nullptr && w.n_out >= kInterleaveRows;
+  return w && !w.interleaved && l.block != 0 && (l.block - l.head - l.tail) % 4 == 0 &&
+         w.row_bytes % l.block == 0 && cpu_kernels().gemm_interleaved[size_t(w.type)] != nullptr &&
+         w.n_out >= kInterleaveRows;
 }
 
 namespace {
@@ -35,14 +37,16 @@ template <class Fn>
 void for_each_piece(GgmlType type, size_t row_bytes, Fn&& fn) {
   const InterleaveLayout l = interleave_layout(type);
   STRATA_CHECK(l.block != 0 && row_bytes % l.block == 0, "no interleaved layout for this type");
-  const size_t R = kInterleaveRows, nd = (l.block - l.head) / 4, nb = row_bytes / l.block;
+  const size_t R = kInterleaveRows, nd = (l.block - l.head - l.tail) / 4, nb = row_bytes / l.block;
   for (size_t b = 0; b < nb; b += l.unit) {
     const size_t m = std::min(l.unit, nb - b), base = b * l.block * R;
+    const size_t dwords = base + R * m * l.head, tails = dwords + 64 * m * nd;
     for (size_t j = 0; j < m; ++j) {
       const size_t src = (b + j) * l.block;
       for (size_t i = 0; i < R; ++i) {
         if (l.head) fn(i, src, base + (R * j + i) * l.head, l.head);
-        for (size_t k = 0; k < nd; ++k) fn(i, src + l.head + 4 * k, base + R * m * l.head + 64 * (j * nd + k) + 4 * i, 4);
+        for (size_t k = 0; k < nd; ++k) fn(i, src + l.head + 4 * k, dwords + 64 * (j * nd + k) + 4 * i, 4);
+        if (l.tail) fn(i, src + l.head + 4 * nd, tails + (R * j + i) * l.tail, l.tail);
       }
     }
   }

@@ -12,11 +12,14 @@
 //   last unit of a row may have fewer, m). A unit starting at block b lies at 16 b block bytes:
 //   first the `head` bytes of its blocks (block b + j of row i at (16 j + i) head: the scales a
 //   block starts with), then their dwords (dword k of block b + j of row i at 16 m head +
-//   64 (j nd + k) + 4 i, nd = (block - head) / 4 dwords per block).
+//   64 (j nd + k) + 4 i, nd = (block - head - tail) / 4 dwords per block), then the `tail`
+//   bytes (the scale a block ends with: block b + j of row i at 16 m head + 64 m nd +
+//   (16 j + i) tail).
 //
-// Q4_K / Q5_K have no head (their scales are whole dwords) and units of one block; Q8_0, Q4_0 and
+// Q4_K / Q5_K have neither (their scales are whole dwords) and units of one block; Q8_0, Q4_0 and
 // IQ4_NL a 2-byte head (d) and units of 2 blocks, MXFP4 a 1-byte head (the exponent) and units of
-// 4: the heads of a unit fill 64 bytes, so every quant register is one aligned cache line. Only whole groups are interleaved: the last
+// 4, Q6_K a 2-byte tail (d) and units of 2: the heads or tails of a unit fill 64 bytes, so every
+// quant register is one aligned cache line. Only whole groups are interleaved: the last
 // n_out % 16 rows of each matrix stay as in the file, so Weight::row(r) still points at row r
 // there, and at the start of its group for r % 16 == 0. A type is interleaved only where the ISA
 // has a kernel that reads it (KernelTable::gemm_interleaved).
@@ -31,10 +34,10 @@ namespace strata::cpu {
 
 inline constexpr int kInterleaveRows = 16;
 
-// A type's blocks in the interleaved layout: block bytes, head bytes per block and row, blocks
-// per unit (block 0: the type has no interleaved layout).
+// A type's blocks in the interleaved layout: block bytes, head and tail bytes per block and row,
+// blocks per unit (block 0: the type has no interleaved layout).
 struct InterleaveLayout {
-  size_t block = 0, head = 0, unit = 1;
+  size_t block = 0, head = 0, tail = 0, unit = 1;
 };
 InterleaveLayout interleave_layout(GgmlType type);
 

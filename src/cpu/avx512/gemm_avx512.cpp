@@ -419,14 +419,57 @@ struct TileQ6K {
   __m512 d;
 };
 
-void unpack_q6K(const RowTile& rt, int64_t sb, TileQ6K& tile) {
-  const size_t base = size_t(sb) * sizeof(block_q6_K);
+// Where a Q6_K tile's 16 rows come from (as FileRows / Interleaved for Q4_K, per super-block:
+// load16(sb, off, r): r[j] lane i = dword off / 4 + j of super-block sb of row i; d(sb): the rows'
+// scales). Q6FileRows transposes the file layout; Q6Interleaved reads cpu/repack.h's layout
+// (units of two super-blocks: their 52 dwords each, then the 16 rows' d of each).
+struct Q6FileRows {
+  const RowTile& rt;
+  void load16(int64_t sb, size_t off, __m512i r[16]) const {
+    load_transposed(rt.rows, size_t(sb) * sizeof(block_q6_K) + off, r);
+  }
+  void load4(int64_t sb, size_t off, __m512i z[4]) const {
+    load_transposed_16x4(rt.rows, size_t(sb) * sizeof(block_q6_K) + off, z);
+  }
+  __m512 d(int64_t sb) const {
+    alignas(32) uint16_t dh[kRows];
+    for (int i = 0; i < kRows; ++i)
+      std::memcpy(&dh[i], rt.rows[i] + size_t(sb) * sizeof(block_q6_K) + offsetof(block_q6_K, d), 2);
+    return _mm512_cvtph_ps(load32(dh));
+  }
+};
+struct Q6Interleaved {
+  static constexpr size_t kDwords = offsetof(block_q6_K, d) / 4;  // 52: ql, qh, scales
+  const uint8_t* group;
+  int64_t nsb;
+  // super-block sb's dwords (register k at + 64 k)
+  const uint8_t* dwords(int64_t sb) const {
+    const int64_t ub = sb & ~int64_t(1);
+    return group + size_t(ub) * sizeof(block_q6_K) * kRows + size_t(sb - ub) * kDwords * 64;
+  }
+  void load16(int64_t sb, size_t off, __m512i r[16]) const {
+    const uint8_t* p = dwords(sb) + off * kRows;
+    for (int j = 0; j < 16; ++j) r[j] = load64(p + 64 * size_t(j));
+  }
+  void load4(int64_t sb, size_t off, __m512i z[4]) const {
+    const uint8_t* p = dwords(sb) + off * kRows;
+    for (int j = 0; j < 4; ++j) z[j] = load64(p + 64 * size_t(j));
+  }
+  __m512 d(int64_t sb) const {
+    const int64_t ub = sb & ~int64_t(1), m = std::min<int64_t>(2, nsb - ub);
+    const uint8_t* tails = group + size_t(ub) * sizeof(block_q6_K) * kRows + size_t(m) * kDwords * 64;
+    return _mm512_cvtph_ps(load32(tails + size_t(sb - ub) * kRows * 2));
+  }
+};
+
+template <class Src>
+void unpack_q6K(const Src& src, int64_t sb, TileQ6K& tile) {
   const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
   __m512i qh[16];
-  load_transposed(rt.rows, base + offsetof(block_q6_K, qh), qh);
+  src.load16(sb, offsetof(block_q6_K, qh), qh);
   for (int h = 0; h < 2; ++h) {
     __m512i ql[16];
-    load_transposed(rt.rows, base + offsetof(block_q6_K, ql) + 64 * size_t(h), ql);
+    src.load16(sb, offsetof(block_q6_K, ql) + 64 * size_t(h), ql);
     // element 128h + 32k + l (group 32h + 8k + m, l = 4m + i): low 4 bits in ql[64h + 32 (k % 2)
     // + l] (nibble k / 2), i.e. transposed dword 8 (k % 2) + m; high 2 bits at bit 2k of
     // qh[32h + l], transposed dword 8h + m
@@ -447,7 +490,7 @@ void unpack_q6K(const RowTile& rt, int64_t sb, TileQ6K& tile) {
     }
   }
   __m512i z[4];
-  load_transposed_16x4(rt.rows, base + offsetof(block_q6_K, scales), z);  // z[k]: sc 4k .. 4k + 3
+  src.load4(sb, offsetof(block_q6_K, scales), z);  // z[k]: sc 4k .. 4k + 3
   for (int k = 0; k < 4; ++k) {
     for (int i = 0; i < 4; ++i) tile.sc[4 * k + i] = _mm512_srai_epi32(_mm512_slli_epi32(z[k], 24 - 8 * i), 24);
     const __m512i even = _mm512_srai_epi16(_mm512_slli_epi16(z[k], 8), 8);  // words (sc 4k, sc 4k + 2)
@@ -457,9 +500,7 @@ void unpack_q6K(const RowTile& rt, int64_t sb, TileQ6K& tile) {
     tile.offset[2 * k] = _mm512_sub_epi16(_mm512_setzero_si512(), _mm512_slli_epi16(p0, 5));
     tile.offset[2 * k + 1] = _mm512_sub_epi16(_mm512_setzero_si512(), _mm512_slli_epi16(p1, 5));
   }
-  uint16_t dh[kRows];
-  for (int i = 0; i < kRows; ++i) std::memcpy(&dh[i], rt.rows[i] + base + offsetof(block_q6_K, d), 2);
-  tile.d = _mm512_cvtph_ps(load32(dh));
+  tile.d = src.d(sb);
 }
 
 template <int T>
@@ -499,10 +540,86 @@ void gemm_q6K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const v
   for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
     const RowTile rt = row_tile(w, w_stride, r0, n_rows);
     for (int64_t sb = 0; sb < nsb; ++sb) {
-      unpack_q6K(rt, sb, tile);
+      unpack_q6K(Q6FileRows{rt}, sb, tile);
       for_token_blocks(n_tok, [&](auto T, int64_t t0) {
         q6K_tokens<decltype(T)::value>(tile, ab + size_t(t0) * a_stride + size_t(sb) * sizeof(block_q8_K), a_stride,
                             y + t0 * ldy + r0, ldy, rt.mask, sb == 0);
+      });
+    }
+  }
+}
+
+// Decode (one token) on interleaved Q6_K, straight from the loads: for half n of a super-block
+// and m < 8, ql dwords 16n + m (a) and 16n + 8 + m (b) and qh dword 32 + 8n + m (h) give four
+// registers of 6-bit quants (stored + 32): elements 128n + 32k + 4m .. + 3 for k = 0..3, i.e.
+// sub-block 8n + 2k + m / 4; k = 0: a's low nibbles | h bits 0-1, 1: b's low | h 2-3, 2: a's
+// high | h 4-5, 3: b's high | h 6-7. Each sub-block's accumulator starts at -32 bsums (the
+// stored offset), then times its int8 scale.
+void gemv_q6K_interleaved(int64_t nsb, const uint8_t* group, const uint8_t* a, float* y) {
+  const Q6Interleaved src{group, nsb};
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* dw = src.dwords(sb);
+    {
+      const char* pf = reinterpret_cast<const char*>(group + size_t(sb) * sizeof(block_q6_K) * kRows) + kPrefetchAhead;
+      for (size_t l = 0; l < sizeof(block_q6_K) * kRows; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+    }
+    const uint8_t* ab = a + size_t(sb) * sizeof(block_q8_K);
+    const uint8_t* aq = ab + kQ8KQs;
+    int16_t bsums[16];
+    std::memcpy(bsums, ab + kQ8KBsums, sizeof bsums);
+    __m512i sumi = _mm512_setzero_si512();
+    for (int n = 0; n < 2; ++n) {
+      __m512i s[8];
+      for (int j = 0; j < 8; ++j) s[j] = _mm512_set1_epi32(-32 * int32_t(bsums[8 * n + j]));
+#pragma GCC unroll 8
+      for (int m = 0; m < 8; ++m) {
+        const __m512i qa = load64(dw + 64 * (16 * n + m)), qb = load64(dw + 64 * (16 * n + 8 + m));
+        const __m512i h = load64(dw + 64 * (32 + 8 * n + m));
+        const uint8_t* x = aq + 128 * n + 4 * m;
+        const int j = m / 4;
+        // (lo & 0x0F) | (hi & 0x30): vpternlog 0xCA = mask ? lo : hi, the mask 0x0F selecting
+        const __m512i q0 = _mm512_ternarylogic_epi32(m4, qa, _mm512_and_si512(_mm512_slli_epi16(h, 4), m30), 0xCA);
+        const __m512i q1 = _mm512_ternarylogic_epi32(m4, qb, _mm512_and_si512(_mm512_slli_epi16(h, 2), m30), 0xCA);
+        const __m512i q2 = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(qa, 4), _mm512_and_si512(h, m30), 0xCA);
+        const __m512i q3 = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(qb, 4), _mm512_and_si512(_mm512_srli_epi16(h, 2), m30), 0xCA);
+        s[j] = _mm512_dpbusd_epi32(s[j], q0, bcast4(x));
+        s[2 + j] = _mm512_dpbusd_epi32(s[2 + j], q1, bcast4(x + 32));
+        s[4 + j] = _mm512_dpbusd_epi32(s[4 + j], q2, bcast4(x + 64));
+        s[6 + j] = _mm512_dpbusd_epi32(s[6 + j], q3, bcast4(x + 96));
+      }
+      // sub-block 8n + j's scale: byte (8n + j) % 4 of scale dword 48 + (8n + j) / 4, sign-extended
+      const __m512i z0 = load64(dw + 64 * (48 + 2 * n)), z1 = load64(dw + 64 * (49 + 2 * n));
+      for (int j = 0; j < 8; ++j) {
+        const __m512i z = j < 4 ? z0 : z1;
+        const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(z, 24 - 8 * (j % 4)), 24);
+        sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(s[j], sc));
+      }
+    }
+    float da;
+    std::memcpy(&da, ab + offsetof(block_q8_K, d), 4);
+    acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sumi), src.d(sb)), _mm512_set1_ps(da), acc);
+  }
+  _mm512_storeu_ps(y, acc);
+}
+
+void gemm_q6K_interleaved(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
+                          int64_t n_tok, float* y, int64_t ldy) {
+  const int64_t nsb = n / QK_K;
+  const auto* ab = static_cast<const uint8_t*>(a);
+  alignas(64) TileQ6K tile;
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
+    const uint8_t* group = static_cast<const uint8_t*>(w) + size_t(r0) * w_stride;
+    if (n_tok == 1) {
+      gemv_q6K_interleaved(nsb, group, ab, y + r0);
+      continue;
+    }
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      unpack_q6K(Q6Interleaved{group, nsb}, sb, tile);
+      for_token_blocks(n_tok, [&](auto T, int64_t t0) {
+        q6K_tokens<decltype(T)::value>(tile, ab + size_t(t0) * a_stride + size_t(sb) * sizeof(block_q8_K), a_stride,
+                            y + t0 * ldy + r0, ldy, __mmask16(0xFFFF), sb == 0);
       });
     }
   }
@@ -909,6 +1026,7 @@ void add_avx512_gemm(GemmFn* gemm) {
 void add_avx512_gemm_interleaved(GemmFn* gemm) {
   gemm[size_t(GgmlType::q4_k)] = gemm_q45K_interleaved<block_q4_K, false>;
   gemm[size_t(GgmlType::q5_k)] = gemm_q45K_interleaved<block_q5_K, true>;
+  gemm[size_t(GgmlType::q6_k)] = gemm_q6K_interleaved;
   gemm[size_t(GgmlType::q8_0)] = gemm_32_interleaved<Q8_0Interleaved>;
   gemm[size_t(GgmlType::q4_0)] = gemm_32_interleaved<Q4_0Interleaved>;
   gemm[size_t(GgmlType::iq4_nl)] = gemm_32_interleaved<Iq4NlInterleaved>;
