@@ -9,7 +9,8 @@
 //    kernel of the start-up ISA). Counters GFLOPs (2 n_in n_out batch per second) and peak_frac
 //    (of the int8 peak calibrate.h measures).
 //  - BM_onednn_matmul (when built with oneDNN): the same shapes in f32 and bf16 through oneDNN's
-//    matmul primitive, for the comparison of issue #4 item 6.
+//    matmul primitive, for the comparison of issue #4 item 6, with the weights in oneDNN's own
+//    packed layout and in the file's (rows contiguous).
 //
 //   build/bench/strata_bench_kernels --benchmark_filter='expert_ffn|gemm|onednn'
 #include <benchmark/benchmark.h>
@@ -122,13 +123,15 @@ void BM_gemm(benchmark::State& state, GgmlType type, int64_t batch) {
 #if STRATA_BENCH_ONEDNN
 // oneDNN's matmul, y [batch][n_out] = x [batch][n_in] W^T, weights in `dt` (f32 or bf16),
 // activations in the same type, f32 out; its own threading (OpenMP) with the same thread count.
-void BM_onednn_matmul(benchmark::State& state, dnnl::memory::data_type dt, int64_t batch) {
+// packed: the weights in the layout oneDNN chooses (a repack of the file's); else as the file
+// has them, row n of W contiguous (format "ba" of the K x N weights).
+void BM_onednn_matmul(benchmark::State& state, dnnl::memory::data_type dt, int64_t batch, bool packed) {
   using namespace dnnl;
   engine eng(engine::kind::cpu, 0);
   stream strm(eng);
   const memory::dim M = batch, K = kGemmShape.n_in, N = kGemmShape.n_out;
   memory::desc src_md({M, K}, dt, memory::format_tag::ab);
-  memory::desc wei_md({K, N}, dt, memory::format_tag::any);  // let oneDNN choose its packed layout
+  memory::desc wei_md({K, N}, dt, packed ? memory::format_tag::any : memory::format_tag::ba);
   memory::desc dst_md({M, N}, memory::data_type::f32, memory::format_tag::ab);
   matmul::primitive_desc pd;
   try {
@@ -163,7 +166,7 @@ void BM_onednn_matmul(benchmark::State& state, dnnl::memory::data_type dt, int64
   }
   const double s = now_seconds() - t0;
   state.counters["GFLOPs"] = 2.0 * double(M * K * N) * double(state.iterations()) / s / 1e9;
-  state.SetLabel(dt == memory::data_type::f32 ? "f32" : "bf16");
+  state.SetLabel(std::string(dt == memory::data_type::f32 ? "f32" : "bf16") + (packed ? " packed" : " file layout"));
 }
 #endif
 
@@ -185,11 +188,12 @@ const int kRegistered = [] {
   }
 #if STRATA_BENCH_ONEDNN
   for (auto dt : {dnnl::memory::data_type::f32, dnnl::memory::data_type::bf16})
-    for (int64_t batch : {8, 64, 512})
-      benchmark::RegisterBenchmark(
-          (std::string("BM_onednn_matmul/") + (dt == dnnl::memory::data_type::f32 ? "f32/" : "bf16/") +
-           std::to_string(batch)).c_str(), BM_onednn_matmul, dt, batch)
-          ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+    for (bool packed : {true, false})
+      for (int64_t batch : {8, 64, 512})
+        benchmark::RegisterBenchmark(
+            (std::string("BM_onednn_matmul/") + (dt == dnnl::memory::data_type::f32 ? "f32/" : "bf16/") +
+             (packed ? "packed/" : "file/") + std::to_string(batch)).c_str(), BM_onednn_matmul, dt, batch, packed)
+            ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
 #endif
   return 0;
 }();

@@ -2,8 +2,11 @@
 
 #include <cmath>
 #include <map>
+#include <random>
+#include <vector>
 
 #include "engine/sampler.h"
+#include "engine/session.h"
 
 namespace strata {
 namespace {
@@ -12,6 +15,25 @@ TEST(Sampler, GreedyTakesArgmaxLowestIdOnTies) {
   Sampler s({.temperature = 0});
   std::vector<float> l = {0.1f, 2.0f, -1.0f, 2.0f};
   EXPECT_EQ(s.sample(l), 1);
+}
+
+// argmax against the one-pass definition (the first index of the largest value) on random rows of
+// every length mod 8, with ties, NaN (never wins) and all -inf (index 0).
+TEST(Sampler, ArgmaxMatchesFirstLargest) {
+  std::mt19937 rng(std::random_device{}());
+  for (int n = 1; n < 40; ++n) {
+    for (int rep = 0; rep < 20; ++rep) {
+      std::vector<float> v(static_cast<size_t>(n));
+      for (float& x : v) x = float(int(rng() % 7)) - 3.0f;  // few values: many ties
+      if (rep % 5 == 0) v[rng() % v.size()] = NAN;
+      int32_t want = -1;
+      for (int i = 0; i < n; ++i)
+        if (!std::isnan(v[size_t(i)]) && (want < 0 || v[size_t(i)] > v[size_t(want)])) want = i;
+      EXPECT_EQ(argmax(v), want < 0 ? 0 : want) << "n " << n;
+    }
+  }
+  EXPECT_EQ(argmax(std::vector<float>(9, -INFINITY)), 0);
+  EXPECT_EQ(argmax(std::vector<float>{}), 0);
 }
 
 TEST(Sampler, SameSeedSameDraws) {

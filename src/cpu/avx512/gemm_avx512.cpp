@@ -863,7 +863,7 @@ struct Mxfp4Interleaved : NibbleInterleaved<sizeof(block_mxfp4), 1> {
 };
 
 // Decode prefetch distance for these formats (bytes ahead in the group's stream).
-constexpr size_t kPrefetchAhead32 = 4096;
+constexpr size_t kPrefetchAhead32 = 4096;  // 1088 and 8704 measured no better
 
 // Where block b of a group (nb blocks per row) keeps its 16 scales and its quant registers
 // (cpu/repack.h: units of F::kUnit blocks, heads first).
