@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "cpu/kernels.h"
+#include "cpu/onednn_matmul.h"
 #include "cpu/quant_traits.h"
 #include "cpu/repack.h"
 #include "cpu/thread_pool.h"
@@ -118,9 +119,16 @@ void CpuBackend::matmul_batch(std::span<const MatmulOut> outs, const float* x, i
   thread_local std::vector<uint8_t> bufs[4];
   std::vector<std::pair<GgmlType, ActRows>> prepared;
   std::vector<ActRows> acts(outs.size());
+  // BF16 weights and many tokens: oneDNN's matmul where it is faster (cpu/onednn_matmul.h)
+  std::vector<char> done(outs.size(), 0);
+  if (path_ == MatmulPath::quantized && n_tok >= kOnednnMinTokens)
+    for (size_t i = 0; i < outs.size(); ++i)
+      if (outs[i].w->type == GgmlType::bf16)
+        done[i] = onednn_matmul_bf16(*outs[i].w, x, n_tok, outs[i].y, outs[i].w->n_out);
   for (size_t i = 0; i < outs.size(); ++i) {
     const Weight& w = *outs[i].w;
     STRATA_CHECK(w.n_in == outs[0].w->n_in, "a matmul batch shares one input");
+    if (done[i]) continue;
     const GgmlType f = act_type(w.type);
     auto it = std::find_if(prepared.begin(), prepared.end(), [f](const auto& p) { return p.first == f; });
     if (it == prepared.end()) {
@@ -143,6 +151,7 @@ void CpuBackend::matmul_batch(std::span<const MatmulOut> outs, const float* x, i
   int64_t total_rows = 0;
   for (const MatmulOut& o : outs) total_rows += o.w->n_out;
   for (size_t i = 0; i < outs.size(); ++i) {
+    if (done[i]) continue;
     const int64_t n_out = outs[i].w->n_out;
     const int64_t chunk = tiled ? kTileRows : std::min(rows_per_task(total_rows, pool.size()), (n_out + 15) / 16 * 16);
     const int64_t tok_chunk = tiled ? kTileTokens : n_tok;
