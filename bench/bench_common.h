@@ -26,18 +26,49 @@ inline double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// The DRAM read bandwidth with the compute pool's threads, measured again on every call: these
-// machines are shared and virtual, their bandwidth drifts by tens of percent within minutes, so
-// each benchmark compares with a figure taken seconds before its timed loop.
-inline double dram_gbps() { return cpu::measure_read_gbps(cpu::compute_pool()); }
-
 // The int8 peak of the pool's threads (measured once per process).
 inline double int8_peak_gops() {
   static const double peak = cpu::measure_int8_peak_gops(cpu::compute_pool());
   return peak;
 }
 
-// GBps = bytes read per second of the timed loop; bw_frac = that / the DRAM probe.
+// The DRAM probe taken all along a timed loop: one pass over a 256 MiB buffer (~5 ms) before the
+// loop and then after every ~50 ms of kernel time, with the benchmark's timer paused. On a shared
+// VM whose bandwidth drifts by tens of percent within seconds, the mean of probes interleaved with
+// the kernel is a steadier denominator than one probe before it. Call tick() once per iteration.
+class DramTracker {
+ public:
+  explicit DramTracker(benchmark::State& state) : state_(state) {
+    probe();
+    mark_ = now_seconds();
+  }
+  void tick() {
+    const double t = now_seconds();
+    busy_ += t - mark_;
+    mark_ = t;
+    if (busy_ - busy_at_probe_ >= 0.05) {
+      state_.PauseTiming();
+      probe();
+      state_.ResumeTiming();
+      busy_at_probe_ = busy_;
+      mark_ = now_seconds();
+    }
+  }
+  double kernel_seconds() const { return busy_; }
+  double mean_gbps() const { return n_ ? sum_ / n_ : 0.0; }
+
+ private:
+  void probe() {
+    static cpu::ReadProbe p(cpu::compute_pool(), size_t(256) << 20);
+    sum_ += p.measure(1);
+    ++n_;
+  }
+  benchmark::State& state_;
+  double mark_ = 0, busy_ = 0, busy_at_probe_ = 0, sum_ = 0;
+  int n_ = 0;
+};
+
+// GBps = bytes read per second of the timed loop; bw_frac = that / the DRAM probe (DramTracker).
 inline void set_bandwidth_counters(benchmark::State& state, size_t bytes_per_iter, double seconds,
                                    double dram) {
   const double gbps = double(bytes_per_iter) * double(state.iterations()) / seconds / 1e9;

@@ -3,7 +3,7 @@
 //  - BM_expert_ffn: the fused expert FFN (moe_ffn) of one MoE layer of qwen3-30b-a3b's shape (128
 //    experts of 2048 -> 768 -> 2048, 8 active, one token), experts drawn at random from a stack far
 //    larger than the caches. Counters GBps (expert bytes read per second) and bw_frac (GBps / the
-//    DRAM read probe measured just before).
+//    mean of DRAM read probes taken along the timed loop, bench_common.h DramTracker).
 //  - BM_gemm: prefill matmuls, W [n_out][n_in] times a batch of 8, 64 or 512 activation rows,
 //    through CpuBackend::matmul (activations quantized once, row chunks as pool tasks, the tile
 //    kernel of the start-up ISA). Counters GFLOPs (2 n_in n_out batch per second) and peak_frac
@@ -75,9 +75,8 @@ void BM_expert_ffn(benchmark::State& state, GgmlType type, int n_layers) {
   r.ids.resize(kUsed);
   r.weights.assign(kUsed, 1.0f / kUsed);
   const size_t bytes_per_iter = size_t(kUsed) * (2 * lw[0].gate_exps.mat_bytes() + lw[0].down_exps.mat_bytes());
-  const double dram = dram_gbps();
   size_t next_layer = 0;
-  const double t0 = now_seconds();
+  DramTracker dram(state);
   for (auto _ : state) {
     // 8 distinct experts (a partial Fisher-Yates over 128 ids)
     std::array<int32_t, kExperts> ids;
@@ -89,8 +88,9 @@ void BM_expert_ffn(benchmark::State& state, GgmlType type, int n_layers) {
     moe_ffn(be, lw[next_layer], r, h.data(), 1, kEmbd, out.data());
     next_layer = (next_layer + 1) % lw.size();
     benchmark::DoNotOptimize(out.data());
+    dram.tick();
   }
-  set_bandwidth_counters(state, bytes_per_iter, now_seconds() - t0, dram);
+  set_bandwidth_counters(state, bytes_per_iter, dram.kernel_seconds(), dram.mean_gbps());
   state.SetLabel(std::string(quant_traits(type).name) + " " + std::string(cpu::isa_name()));
 }
 

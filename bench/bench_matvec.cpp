@@ -5,8 +5,8 @@
 // the compute pool) with the variant's table instead of the start-up one; BM_matmul_backend runs
 // CpuBackend::matmul itself.
 //
-// Counters (bench_common.h): GBps = weight bytes read per second; bw_frac = GBps / the DRAM read
-// probe measured just before the timed loop with the same threads.
+// Counters (bench_common.h): GBps = weight bytes read per second; bw_frac = GBps / the mean of
+// DRAM read probes taken along the timed loop with the same threads (DramTracker).
 //
 //   build/bench/strata_bench_kernels --benchmark_filter=matvec
 #include <benchmark/benchmark.h>
@@ -64,9 +64,8 @@ void BM_matvec(benchmark::State& state, GgmlType type, CpuIsa isa, int64_t n_in,
   const int64_t chunk = cpu::CpuBackend::rows_per_task(n_out, pool.size());
   const int64_t n_tasks = (n_out + chunk - 1) / chunk;
   const Weight stack = w.stack();
-  const double dram = dram_gbps();
   int64_t next = 0;
-  const double t0 = now_seconds();
+  DramTracker dram(state);
   for (auto _ : state) {
     const Weight m = stack.slice(next++ % count);
     if (quantized) k.quantize(qt.vec_dot_type)(x.data(), xq.data(), n_in);
@@ -76,8 +75,9 @@ void BM_matvec(benchmark::State& state, GgmlType type, CpuIsa isa, int64_t n_in,
       k.gemm_tile(type, n_in, m.row(r0), m.row_bytes, r1 - r0, a, 0, 1, y.data() + r0, n_out);
     });
     benchmark::DoNotOptimize(y.data());
+    dram.tick();
   }
-  set_bandwidth_counters(state, w.mat_bytes(), now_seconds() - t0, dram);
+  set_bandwidth_counters(state, w.mat_bytes(), dram.kernel_seconds(), dram.mean_gbps());
   state.SetLabel(std::string(qt.name) + " " + std::string(cpu::isa_name(isa)));
 }
 
@@ -88,14 +88,14 @@ void BM_matmul_backend(benchmark::State& state, GgmlType type, int64_t n_in, int
   const std::vector<float> x = activations(n_in, 1);
   std::vector<float> y(static_cast<size_t>(n_out));
   const Weight stack = w.stack();
-  const double dram = dram_gbps();
   int64_t next = 0;
-  const double t0 = now_seconds();
+  DramTracker dram(state);
   for (auto _ : state) {
     backend.matmul(stack.slice(next++ % count), x.data(), 1, y.data());
     benchmark::DoNotOptimize(y.data());
+    dram.tick();
   }
-  set_bandwidth_counters(state, w.mat_bytes(), now_seconds() - t0, dram);
+  set_bandwidth_counters(state, w.mat_bytes(), dram.kernel_seconds(), dram.mean_gbps());
   state.SetLabel(std::string(quant_traits(type).name) + " " + std::string(cpu::isa_name()) +
                  (stack.interleaved ? " interleaved" : ""));
 }

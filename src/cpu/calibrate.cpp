@@ -46,28 +46,38 @@ void on_every_thread(ThreadPool& pool, Fn&& fn) {
 
 }  // namespace
 
-double measure_read_gbps(ThreadPool& pool, size_t bytes, int passes) {
+ReadProbe::ReadProbe(ThreadPool& pool, size_t bytes) : pool_(pool) {
   const int n_threads = pool.size();
-  const size_t n = bytes / sizeof(uint64_t) / size_t(n_threads) / 64 * 64;  // per thread
-  STRATA_CHECK(n > 0, "bandwidth probe buffer too small");
-  std::vector<uint64_t*> parts(size_t(n_threads), nullptr);
+  n_ = bytes / sizeof(uint64_t) / size_t(n_threads) / 64 * 64;  // per thread
+  STRATA_CHECK(n_ > 0, "bandwidth probe buffer too small");
+  parts_.assign(size_t(n_threads), nullptr);
   on_every_thread(pool, [&](int64_t i) {
-    auto* p = static_cast<uint64_t*>(std::aligned_alloc(4096, n * sizeof(uint64_t)));
+    auto* p = static_cast<uint64_t*>(std::aligned_alloc(4096, n_ * sizeof(uint64_t)));
     STRATA_CHECK(p != nullptr, "out of memory for the bandwidth probe");
-    for (size_t j = 0; j < n; ++j) p[j] = j * 0x9e3779b97f4a7c15ull;
-    parts[size_t(i)] = p;
+    for (size_t j = 0; j < n_; ++j) p[j] = j * 0x9e3779b97f4a7c15ull;
+    parts_[size_t(i)] = p;
   });
+}
+
+ReadProbe::~ReadProbe() {
+  for (uint64_t* p : parts_) std::free(p);
+}
+
+double ReadProbe::measure(int passes) {
   std::atomic<uint64_t> sink{0};
   double best = 0;
   for (int pass = 0; pass < passes; ++pass) {
     const auto t0 = Clock::now();
     // every thread reads its own part (first-touched by it)
-    on_every_thread(pool, [&](int64_t i) { sink ^= sum_range(parts[size_t(i)], n); });
-    best = std::max(best, double(n * sizeof(uint64_t) * size_t(n_threads)) / seconds_since(t0) / 1e9);
+    on_every_thread(pool_, [&](int64_t i) { sink ^= sum_range(parts_[size_t(i)], n_); });
+    best = std::max(best, double(n_ * sizeof(uint64_t) * parts_.size()) / seconds_since(t0) / 1e9);
   }
-  for (uint64_t* p : parts) std::free(p);
   if (sink.load() == 42) std::abort();  // practically never; keeps the sums alive
   return best;
+}
+
+double measure_read_gbps(ThreadPool& pool, size_t bytes, int passes) {
+  return ReadProbe(pool, bytes).measure(passes);
 }
 
 namespace {

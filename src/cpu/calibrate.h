@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "cpu/thread_pool.h"
 
@@ -14,6 +16,23 @@ namespace strata::cpu {
 // a `bytes` buffer (far larger than any cache; allocated and first-touched by the threads that
 // read it), best of `passes` passes. The buffer is freed on return.
 double measure_read_gbps(ThreadPool& pool, size_t bytes = size_t(512) << 20, int passes = 5);
+
+// The same probe with its buffer kept, for measurements repeated during a benchmark (no
+// allocation or first touch per measurement).
+class ReadProbe {
+ public:
+  ReadProbe(ThreadPool& pool, size_t bytes);
+  ~ReadProbe();
+  ReadProbe(const ReadProbe&) = delete;
+  ReadProbe& operator=(const ReadProbe&) = delete;
+  // GB/s, best of `passes` passes over the buffer.
+  double measure(int passes = 1);
+
+ private:
+  ThreadPool& pool_;
+  size_t n_ = 0;  // uint64 per thread
+  std::vector<uint64_t*> parts_;
+};
 
 // The int8 multiply-accumulate peak of all threads of `pool` in GOP/s (one multiply-add = 2 ops):
 // a register-only loop of independent vpdpbusd (AVX-512 VNNI) or vpmaddubsw + vpmaddwd (AVX2)
