@@ -57,6 +57,9 @@ TEST(Onednn, Bf16MatmulMatchesExactPath) {
   q.type = GgmlType::f16;
   std::vector<float> y(size_t(N), 7.0f), x(size_t(K), 1.0f);
   EXPECT_FALSE(cpu::onednn_matmul_bf16(q, x.data(), 1, y.data(), N));
+  Weight wi = w;
+  wi.interleaved = true;  // row-interleaved (cpu/repack.h): strata's own kernels read it
+  EXPECT_FALSE(cpu::onednn_matmul_bf16(wi, x.data(), 1, y.data(), N));
   EXPECT_EQ(y[0], 7.0f);
 }
 

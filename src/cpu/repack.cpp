@@ -19,6 +19,7 @@ InterleaveLayout interleave_layout(GgmlType type) {
     case GgmlType::q4_0: return {18, 2, 0, 2};
     case GgmlType::iq4_nl: return {18, 2, 0, 2};
     case GgmlType::mxfp4: return {17, 1, 0, 4};
+    case GgmlType::bf16: return {4, 0, 0, 1};  // a pair of elements
     default: return {};
   }
 }

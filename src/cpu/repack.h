@@ -19,7 +19,9 @@
 // Q4_K / Q5_K have neither (their scales are whole dwords) and units of one block; Q8_0, Q4_0 and
 // IQ4_NL a 2-byte head (d) and units of 2 blocks, MXFP4 a 1-byte head (the exponent) and units of
 // 4, Q6_K a 2-byte tail (d) and units of 2: the heads or tails of a unit fill 64 bytes, so every
-// quant register is one aligned cache line. Only whole groups are interleaved: the last
+// quant register is one aligned cache line. BF16's "block" is a pair of elements: register k holds
+// elements 2k and 2k + 1 of the 16 rows (oneDNN's BA16a16b2a weight layout when n_in and n_out
+// are multiples of 16). Only whole groups are interleaved: the last
 // n_out % 16 rows of each matrix stay as in the file, so Weight::row(r) still points at row r
 // there, and at the start of its group for r % 16 == 0. A type is interleaved only where the ISA
 // has a kernel that reads it (KernelTable::gemm_interleaved).
