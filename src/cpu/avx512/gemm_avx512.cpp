@@ -779,22 +779,38 @@ struct Mxfp4Format {
   }
 };
 
+// The 16 rows of a tile of a 32-element format, in the file layout: F::unpack transposes them.
 template <class F>
+struct FileRows32 {
+  static constexpr int kOffset = F::kOffset;
+  RowTile rt;
+  __mmask16 mask;
+  FileRows32(const void* w, size_t w_stride, int64_t r0, int64_t n_rows, int64_t /*nb*/)
+      : rt(row_tile(w, w_stride, r0, n_rows)), mask(rt.mask) {}
+  void unpack(int64_t b0, int nblk, Tile32& tile) const { F::unpack(rt, b0, nblk, tile); }
+  bool gemv(const uint8_t*, const TokenBlock*, float*) const { return false; }  // no decode kernel of its own
+};
+
+// Tiles of a 32-element format over 16 rows at a time from `Rows` (FileRows32 or
+// InterleavedRows32 below): one token may go to the rows' own decode kernel; otherwise units of
+// up to 8 blocks are unpacked into a Tile32 and shared by blocks of up to 8 tokens.
+template <class Rows>
 void gemm_32(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
              int64_t n_tok, float* y, int64_t ldy) {
   const int64_t nb = n / 32;
   const auto* ab = static_cast<const uint8_t*>(a);
   thread_local std::vector<TokenBlock> tbs;
-  token_blocks_q8_0(ab, a_stride, n_tok, nb, F::kOffset, tbs);
+  token_blocks_q8_0(ab, a_stride, n_tok, nb, Rows::kOffset, tbs);
   alignas(64) Tile32 tile;
   for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
-    const RowTile rt = row_tile(w, w_stride, r0, n_rows);
+    const Rows rows(w, w_stride, r0, n_rows, nb);
+    if (n_tok == 1 && rows.gemv(ab, tbs.data(), y + r0)) continue;
     for (int64_t b0 = 0; b0 < nb; b0 += kUnitBlocks) {
       const int nblk = int(std::min<int64_t>(kUnitBlocks, nb - b0));
-      F::unpack(rt, b0, nblk, tile);
+      rows.unpack(b0, nblk, tile);
       for_token_blocks(n_tok, [&](auto T, int64_t t0) {
         tokens_32<decltype(T)::value>(tile, nblk, ab + size_t(t0) * a_stride + size_t(b0) * sizeof(block_q8_0), a_stride,
-                           tbs.data() + size_t(t0 * nb + b0), size_t(nb), y + t0 * ldy + r0, ldy, rt.mask,
+                           tbs.data() + size_t(t0 * nb + b0), size_t(nb), y + t0 * ldy + r0, ldy, rows.mask,
                            b0 == 0);
       });
     }
@@ -902,35 +918,27 @@ void gemv_32_interleaved(int64_t nb, const uint8_t* group, const uint8_t* a, con
   _mm512_storeu_ps(y, sum);
 }
 
+// The same over a row-interleaved group: plain loads, and a decode kernel of its own.
 template <class F>
-void gemm_32_interleaved(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
-                         int64_t n_tok, float* y, int64_t ldy) {
-  const int64_t nb = n / 32;
-  const auto* ab = static_cast<const uint8_t*>(a);
-  thread_local std::vector<TokenBlock> tbs;
-  token_blocks_q8_0(ab, a_stride, n_tok, nb, F::kOffset, tbs);
-  alignas(64) Tile32 tile;
-  for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
-    const uint8_t* group = static_cast<const uint8_t*>(w) + size_t(r0) * w_stride;
-    if (n_tok == 1) {
-      gemv_32_interleaved<F>(nb, group, ab, tbs.data(), y + r0);
-      continue;
-    }
-    for (int64_t b0 = 0; b0 < nb; b0 += kUnitBlocks) {
-      const int nblk = int(std::min<int64_t>(kUnitBlocks, nb - b0));
-      for (int b = 0; b < nblk; ++b) {
-        const BlockAt<F> blk(group, nb, b0 + b);
-        tile.d[b] = F::scales(blk.head);
-        F::quants(blk.qs, &tile.q[8 * b]);
-      }
-      for_token_blocks(n_tok, [&](auto T, int64_t t0) {
-        tokens_32<decltype(T)::value>(tile, nblk, ab + size_t(t0) * a_stride + size_t(b0) * sizeof(block_q8_0), a_stride,
-                           tbs.data() + size_t(t0 * nb + b0), size_t(nb), y + t0 * ldy + r0, ldy, __mmask16(0xFFFF),
-                           b0 == 0);
-      });
+struct InterleavedRows32 {
+  static constexpr int kOffset = F::kOffset;
+  const uint8_t* group;
+  int64_t nb;
+  __mmask16 mask = 0xFFFF;
+  InterleavedRows32(const void* w, size_t w_stride, int64_t r0, int64_t /*n_rows*/, int64_t nb_)
+      : group(static_cast<const uint8_t*>(w) + size_t(r0) * w_stride), nb(nb_) {}
+  void unpack(int64_t b0, int nblk, Tile32& tile) const {
+    for (int b = 0; b < nblk; ++b) {
+      const BlockAt<F> blk(group, nb, b0 + b);
+      tile.d[b] = F::scales(blk.head);
+      F::quants(blk.qs, &tile.q[8 * b]);
     }
   }
-}
+  bool gemv(const uint8_t* a, const TokenBlock* tb, float* y) const {
+    gemv_32_interleaved<F>(nb, group, a, tb, y);
+    return true;
+  }
+};
 
 // ---- F16 / BF16 weights x float activations ----
 //
@@ -1066,20 +1074,20 @@ void add_avx512_gemm(GemmFn* gemm) {
   gemm[size_t(GgmlType::q4_k)] = gemm_q45K<block_q4_K, false>;
   gemm[size_t(GgmlType::q5_k)] = gemm_q45K<block_q5_K, true>;
   gemm[size_t(GgmlType::q6_k)] = gemm_q6K;
-  gemm[size_t(GgmlType::q8_0)] = gemm_32<Q8_0Format>;
-  gemm[size_t(GgmlType::q4_0)] = gemm_32<Q4_0Format>;
-  gemm[size_t(GgmlType::iq4_nl)] = gemm_32<Iq4NlFormat>;
-  gemm[size_t(GgmlType::mxfp4)] = gemm_32<Mxfp4Format>;
+  gemm[size_t(GgmlType::q8_0)] = gemm_32<FileRows32<Q8_0Format>>;
+  gemm[size_t(GgmlType::q4_0)] = gemm_32<FileRows32<Q4_0Format>>;
+  gemm[size_t(GgmlType::iq4_nl)] = gemm_32<FileRows32<Iq4NlFormat>>;
+  gemm[size_t(GgmlType::mxfp4)] = gemm_32<FileRows32<Mxfp4Format>>;
 }
 
 void add_avx512_gemm_interleaved(GemmFn* gemm) {
   gemm[size_t(GgmlType::q4_k)] = gemm_q45K_interleaved<block_q4_K, false>;
   gemm[size_t(GgmlType::q5_k)] = gemm_q45K_interleaved<block_q5_K, true>;
   gemm[size_t(GgmlType::q6_k)] = gemm_q6K_interleaved;
-  gemm[size_t(GgmlType::q8_0)] = gemm_32_interleaved<Q8_0Interleaved>;
-  gemm[size_t(GgmlType::q4_0)] = gemm_32_interleaved<Q4_0Interleaved>;
-  gemm[size_t(GgmlType::iq4_nl)] = gemm_32_interleaved<Iq4NlInterleaved>;
-  gemm[size_t(GgmlType::mxfp4)] = gemm_32_interleaved<Mxfp4Interleaved>;
+  gemm[size_t(GgmlType::q8_0)] = gemm_32<InterleavedRows32<Q8_0Interleaved>>;
+  gemm[size_t(GgmlType::q4_0)] = gemm_32<InterleavedRows32<Q4_0Interleaved>>;
+  gemm[size_t(GgmlType::iq4_nl)] = gemm_32<InterleavedRows32<Iq4NlInterleaved>>;
+  gemm[size_t(GgmlType::mxfp4)] = gemm_32<InterleavedRows32<Mxfp4Interleaved>>;
   gemm[size_t(GgmlType::bf16)] = gemm_bf16_interleaved;
 }
 
