@@ -33,9 +33,10 @@ bool can_interleave(const Weight& w) {
 
 namespace {
 
-// Calls fn(row i, offset in the row, offset in the group, bytes) for every piece of a group.
+// Calls fn(row i, offset in the row, offset in the group, bytes) for every piece of a group (of
+// row `only` alone when it is 0..15).
 template <class Fn>
-void for_each_piece(GgmlType type, size_t row_bytes, Fn&& fn) {
+void for_each_piece(GgmlType type, size_t row_bytes, Fn&& fn, int only = -1) {
   const InterleaveLayout l = interleave_layout(type);
   STRATA_CHECK(l.block != 0 && row_bytes % l.block == 0, "no interleaved layout for this type");
   const size_t R = kInterleaveRows, nd = (l.block - l.head - l.tail) / 4, nb = row_bytes / l.block;
@@ -44,7 +45,7 @@ void for_each_piece(GgmlType type, size_t row_bytes, Fn&& fn) {
     const size_t dwords = base + R * m * l.head, tails = dwords + 64 * m * nd;
     for (size_t j = 0; j < m; ++j) {
       const size_t src = (b + j) * l.block;
-      for (size_t i = 0; i < R; ++i) {
+      for (size_t i = only < 0 ? 0 : size_t(only); i < (only < 0 ? R : size_t(only) + 1); ++i) {
         if (l.head) fn(i, src, base + (R * j + i) * l.head, l.head);
         for (size_t k = 0; k < nd; ++k) fn(i, src + l.head + 4 * k, dwords + 64 * (j * nd + k) + 4 * i, 4);
         if (l.tail) fn(i, src + l.head + 4 * nd, tails + (R * j + i) * l.tail, l.tail);
@@ -62,9 +63,10 @@ void interleave_group(GgmlType type, const uint8_t* src, size_t row_bytes, uint8
 }
 
 void deinterleave_row(GgmlType type, const uint8_t* group, size_t row_bytes, int i, uint8_t* dst) {
-  for_each_piece(type, row_bytes, [&](size_t r, size_t in_row, size_t in_group, size_t n) {
-    if (r == size_t(i)) std::memcpy(dst + in_row, group + in_group, n);
-  });
+  STRATA_CHECK(i >= 0 && i < kInterleaveRows, "row outside a group");
+  for_each_piece(
+      type, row_bytes, [&](size_t, size_t in_row, size_t in_group, size_t n) { std::memcpy(dst + in_row, group + in_group, n); },
+      i);
 }
 
 void interleave(Weight& w, uint8_t* data) {
