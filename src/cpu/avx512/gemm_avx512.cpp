@@ -316,17 +316,18 @@ void gemm_q45K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const 
   }
 }
 
+// Software prefetch distance of the decode kernel: two super-blocks of a group ahead. The
+// hardware prefetchers alone left one thread at 14 GB/s from DRAM (vec_dot on the file layout:
+// 21); with this, 29 (measured on the 2-core Zen 4 VM, 4096 x 4096 matrices, in turn from a
+// 256 MiB stack).
+constexpr size_t kPrefetchAhead = 2 * kRows * sizeof(block_q4_K);
+
 // Decode (one token) on interleaved Q4_K: straight from the weights to the 16 rows' sums, with
 // no tile in between. Register j of a group's super-block is dword j of each of its 16 rows
 // (cpu/repack.h): dword 0 = d | dmin << 16, 1..3 = the packed scales, 4 + 8h + m = qs bytes
 // 32h + 4m .. + 4, whose low nibbles are elements 4m .. 4m + 3 of sub-block 2h and whose high
 // nibbles the same of sub-block 2h + 1. Eight int32 accumulators (one per sub-block) keep eight
 // vpdpbusd chains independent.
-// Software prefetch distance of the decode kernel: two super-blocks of a group ahead. The
-// hardware prefetchers alone left one thread at 14 GB/s from DRAM (vec_dot on the file layout:
-// 21); with this, 29 (measured on the 2-core Zen 4 VM, 4096 x 4096 matrices, in turn from a
-// 256 MiB stack).
-constexpr size_t kPrefetchAhead = 2 * kRows * sizeof(block_q4_K);
 void gemv_q4K_interleaved(int64_t nsb, const uint8_t* group, const uint8_t* a, const int32_t* pairs,
                           float* y) {
   const __m512i m4 = _mm512_set1_epi8(0x0F), m63 = _mm512_set1_epi8(63), m30 = _mm512_set1_epi8(0x30);
