@@ -1,9 +1,9 @@
 #include "model/model.h"
 
-#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
+#include <unordered_set>
 
 #include "cpu/quant_traits.h"
 #include "cpu/repack.h"
@@ -56,7 +56,12 @@ class KeyReader {
 // Looks up tensors and checks shape and type; errors name the tensor.
 class TensorGetter {
  public:
-  explicit TensorGetter(const GgufFile& f) : f_(f) {}
+  // writable: the file's bytes where get() may rewrite matrices into the kernels' layouts
+  // (cpu/repack.h), or null to leave every tensor as it is in the file.
+  TensorGetter(const GgufFile& f, uint8_t* writable) : f_(f), writable_(writable) {}
+
+  uint64_t repacked_bytes = 0;  // what get() interleaved, and how long it took
+  double repack_seconds = 0;
 
   // `ne` is the expected shape (row dimension first). Missing optional tensors give an empty Weight.
   Result<Weight> get(const std::string& name, std::vector<int64_t> ne, bool required = true) {
@@ -82,6 +87,15 @@ class TensorGetter {
     w.n_out = t->n_dims >= 2 ? int64_t(t->ne[1]) : 1;
     w.n_mat = t->n_dims >= 3 ? int64_t(t->ne[2]) : 1;
     w.row_bytes = t->row_bytes();
+    if (writable_ != nullptr && cpu::can_interleave(w)) {
+      if (interleaved_.insert(w.data).second) {  // once per tensor, however often it is asked for
+        const auto t0 = std::chrono::steady_clock::now();
+        cpu::interleave(w, writable_ + (w.data - f_.bytes_.data()));
+        repacked_bytes += w.mat_bytes() * uint64_t(w.n_mat);
+        repack_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
+      w.interleaved = true;
+    }
     return w;
   }
   // A vector that must be F32 (norms, biases, routers).
@@ -96,6 +110,8 @@ class TensorGetter {
 
  private:
   const GgufFile& f_;
+  uint8_t* writable_;
+  std::unordered_set<const uint8_t*> interleaved_;
 };
 
 #define ASSIGN_OR_RETURN(lhs, expr) \
@@ -262,49 +278,6 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, MappedFile::
   return load(std::move(*f), repack);
 }
 
-namespace {
-
-// Every weight view of the model (some views share a tensor: tied embeddings).
-std::vector<Weight*> all_weights(Model& m) {
-  std::vector<Weight*> out{&m.tok_embd, &m.output_norm, &m.output};
-  for (LayerWeights& l : m.layers)
-    for (Weight* w : {&l.attn_norm, &l.ffn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.bo,
-                      &l.attn_sinks, &l.q_norm, &l.k_norm, &l.wq_a, &l.q_a_norm, &l.wq_b, &l.wkv_a_mqa,
-                      &l.kv_a_norm, &l.wk_b, &l.wv_b, &l.ffn_gate, &l.ffn_up, &l.ffn_down, &l.router,
-                      &l.router_b, &l.exp_probs_b, &l.gate_exps, &l.up_exps, &l.down_exps, &l.gate_exps_b,
-                      &l.up_exps_b, &l.down_exps_b, &l.gate_shexp, &l.up_shexp, &l.down_shexp,
-                      &l.gate_inp_shexp})
-      out.push_back(w);
-  return out;
-}
-
-// Interleaves, in place, every tensor the kernels read faster so (cpu/repack.h), once per
-// tensor, and marks every view of it. Nothing happens for a mapped file.
-void repack_weights(Model& m, GgufFile& file) {
-  std::vector<Weight*> ws = all_weights(m);
-  std::vector<Weight*> todo;
-  for (Weight* w : ws)
-    if (cpu::can_interleave(*w)) todo.push_back(w);
-  if (todo.empty()) return;
-  uint8_t* base = file.mutable_bytes();
-  if (base == nullptr) return;
-  const auto t0 = std::chrono::steady_clock::now();
-  const uint8_t* file_base = file.bytes_.data();
-  std::sort(todo.begin(), todo.end(), [](const Weight* a, const Weight* b) { return a->data < b->data; });
-  for (size_t i = 0; i < todo.size(); ++i) {
-    Weight& w = *todo[i];
-    if (i > 0 && todo[i - 1]->data == w.data) {  // another view of the tensor just interleaved
-      w.interleaved = true;
-      continue;
-    }
-    cpu::interleave(w, base + (w.data - file_base));
-    m.repacked_bytes += w.mat_bytes() * uint64_t(w.n_mat);
-  }
-  m.repack_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
-
 Result<std::unique_ptr<Model>> Model::load(GgufFile file, bool repack) {
   auto m = std::make_unique<Model>();
   m->file_ = std::move(file);
@@ -314,7 +287,7 @@ Result<std::unique_ptr<Model>> Model::load(GgufFile file, bool repack) {
   HParams& hp = m->hp_;
   hp = std::move(*hp_r);
 
-  TensorGetter g(f);
+  TensorGetter g(f, repack ? f.mutable_bytes() : nullptr);
   const int64_t E = hp.n_embd;
   const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
   if (!embd || embd->n_dims != 2)
@@ -395,7 +368,8 @@ Result<std::unique_ptr<Model>> Model::load(GgufFile file, bool repack) {
       ASSIGN_OR_RETURN(l.gate_inp_shexp, g.get_f32(n("ffn_gate_inp_shexp.weight"), {E}, false));
     }
   }
-  if (repack) repack_weights(*m, m->file_);
+  m->repacked_bytes = g.repacked_bytes;
+  m->repack_seconds = g.repack_seconds;
   return m;
 }
 
