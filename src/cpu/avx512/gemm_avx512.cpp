@@ -174,13 +174,20 @@ struct TileQ45K {
 // load4: the same for 4 dwords. off is a byte offset within a row (a multiple of 4).
 // FileRows: rows as in the file, transposed here; Interleaved: a row-interleaved group
 // (cpu/repack.h), where the transpose was done at load and each register is one plain load.
+// Both are made for the 16 rows from r0 on; mask: the lanes of real rows.
 struct FileRows {
-  const RowTile& rt;
+  RowTile rt;
+  __mmask16 mask;
+  FileRows(const void* w, size_t w_stride, int64_t r0, int64_t n_rows)
+      : rt(row_tile(w, w_stride, r0, n_rows)), mask(rt.mask) {}
   void load16(size_t off, __m512i r[16]) const { load_transposed(rt.rows, off, r); }
   void load4(size_t off, __m512i z[4]) const { load_transposed_16x4(rt.rows, off, z); }
 };
 struct Interleaved {
   const uint8_t* group;
+  __mmask16 mask = 0xFFFF;
+  Interleaved(const void* w, size_t w_stride, int64_t r0, int64_t /*n_rows: whole groups*/)
+      : group(static_cast<const uint8_t*>(w) + size_t(r0) * w_stride) {}
   void load16(size_t off, __m512i r[16]) const {
     for (int j = 0; j < 16; ++j) r[j] = load64(group + off * kRows + 64 * size_t(j));
   }
@@ -295,27 +302,6 @@ void q45K_tokens(const TileQ45K& tile, const uint8_t* a, size_t a_stride, const 
   }
 }
 
-template <class Block, bool kFifthBit>
-void gemm_q45K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
-               int64_t n_tok, float* y, int64_t ldy) {
-  const int64_t nsb = n / QK_K;
-  const auto* ab = static_cast<const uint8_t*>(a);
-  thread_local std::vector<int32_t> pairs;
-  bsum_pairs(ab, a_stride, n_tok, nsb, pairs);
-  alignas(64) TileQ45K tile;
-  for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
-    const RowTile rt = row_tile(w, w_stride, r0, n_rows);
-    for (int64_t sb = 0; sb < nsb; ++sb) {
-      unpack_q45K<Block, kFifthBit>(FileRows{rt}, sb, tile);
-      for_token_blocks(n_tok, [&](auto T, int64_t t0) {
-        q45K_tokens<decltype(T)::value>(tile, ab + size_t(t0) * a_stride + size_t(sb) * sizeof(block_q8_K), a_stride,
-                             pairs.data() + size_t(t0 * nsb + sb) * 4, size_t(nsb) * 4, y + t0 * ldy + r0, ldy,
-                             rt.mask, sb == 0);
-      });
-    }
-  }
-}
-
 // Software prefetch distance of the decode kernel: two super-blocks of a group ahead. The
 // hardware prefetchers alone left one thread at 14 GB/s from DRAM (vec_dot on the file layout:
 // 21); with this, 29 (measured on the 2-core Zen 4 VM, 4096 x 4096 matrices, in turn from a
@@ -382,30 +368,31 @@ void gemv_q4K_interleaved(int64_t nsb, const uint8_t* group, const uint8_t* a, c
   _mm512_storeu_ps(y, acc);
 }
 
-// The same for row-interleaved weights: w is the start of a group, n_rows a multiple of 16.
-template <class Block, bool kFifthBit>
-void gemm_q45K_interleaved(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a,
-                           size_t a_stride, int64_t n_tok, float* y, int64_t ldy) {
+// Tiles of Q4_K / Q5_K over 16 rows at a time from `Rows` (FileRows, or Interleaved: w the start
+// of a group, n_rows a multiple of 16). One token on interleaved Q4_K goes to the fused decode
+// kernel; otherwise each super-block is unpacked into a tile shared by blocks of up to 8 tokens.
+template <class Block, bool kFifthBit, class Rows>
+void gemm_q45K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
+               int64_t n_tok, float* y, int64_t ldy) {
   const int64_t nsb = n / QK_K;
   const auto* ab = static_cast<const uint8_t*>(a);
   thread_local std::vector<int32_t> pairs;
   bsum_pairs(ab, a_stride, n_tok, nsb, pairs);
-  if constexpr (!kFifthBit) {
-    if (n_tok == 1) {
-      for (int64_t r0 = 0; r0 < n_rows; r0 += kRows)
-        gemv_q4K_interleaved(nsb, static_cast<const uint8_t*>(w) + size_t(r0) * w_stride, ab, pairs.data(), y + r0);
-      return;
-    }
-  }
   alignas(64) TileQ45K tile;
   for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
-    const Interleaved src{static_cast<const uint8_t*>(w) + size_t(r0) * w_stride};
+    const Rows rows(w, w_stride, r0, n_rows);
+    if constexpr (std::is_same_v<Rows, Interleaved> && !kFifthBit) {
+      if (n_tok == 1) {
+        gemv_q4K_interleaved(nsb, rows.group, ab, pairs.data(), y + r0);
+        continue;
+      }
+    }
     for (int64_t sb = 0; sb < nsb; ++sb) {
-      unpack_q45K<Block, kFifthBit>(src, sb, tile);
+      unpack_q45K<Block, kFifthBit>(rows, sb, tile);
       for_token_blocks(n_tok, [&](auto T, int64_t t0) {
         q45K_tokens<decltype(T)::value>(tile, ab + size_t(t0) * a_stride + size_t(sb) * sizeof(block_q8_K), a_stride,
                              pairs.data() + size_t(t0 * nsb + sb) * 4, size_t(nsb) * 4, y + t0 * ldy + r0, ldy,
-                             __mmask16(0xFFFF), sb == 0);
+                             rows.mask, sb == 0);
       });
     }
   }
@@ -425,7 +412,10 @@ struct TileQ6K {
 // scales). Q6FileRows transposes the file layout; Q6Interleaved reads cpu/repack.h's layout
 // (units of two super-blocks: their 52 dwords each, then the 16 rows' d of each).
 struct Q6FileRows {
-  const RowTile& rt;
+  RowTile rt;
+  __mmask16 mask;
+  Q6FileRows(const void* w, size_t w_stride, int64_t r0, int64_t n_rows, int64_t /*nsb*/)
+      : rt(row_tile(w, w_stride, r0, n_rows)), mask(rt.mask) {}
   void load16(int64_t sb, size_t off, __m512i r[16]) const {
     load_transposed(rt.rows, size_t(sb) * sizeof(block_q6_K) + off, r);
   }
@@ -443,6 +433,9 @@ struct Q6Interleaved {
   static constexpr size_t kDwords = offsetof(block_q6_K, d) / 4;  // 52: ql, qh, scales
   const uint8_t* group;
   int64_t nsb;
+  __mmask16 mask = 0xFFFF;
+  Q6Interleaved(const void* w, size_t w_stride, int64_t r0, int64_t /*n_rows: whole groups*/, int64_t nsb_)
+      : group(static_cast<const uint8_t*>(w) + size_t(r0) * w_stride), nsb(nsb_) {}
   // super-block sb's dwords (register k at + 64 k)
   const uint8_t* dwords(int64_t sb) const {
     const int64_t ub = sb & ~int64_t(1);
@@ -533,37 +526,20 @@ void q6K_tokens(const TileQ6K& tile, const uint8_t* a, size_t a_stride, float* y
   }
 }
 
-void gemm_q6K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
-              int64_t n_tok, float* y, int64_t ldy) {
-  const int64_t nsb = n / QK_K;
-  const auto* ab = static_cast<const uint8_t*>(a);
-  alignas(64) TileQ6K tile;
-  for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
-    const RowTile rt = row_tile(w, w_stride, r0, n_rows);
-    for (int64_t sb = 0; sb < nsb; ++sb) {
-      unpack_q6K(Q6FileRows{rt}, sb, tile);
-      for_token_blocks(n_tok, [&](auto T, int64_t t0) {
-        q6K_tokens<decltype(T)::value>(tile, ab + size_t(t0) * a_stride + size_t(sb) * sizeof(block_q8_K), a_stride,
-                            y + t0 * ldy + r0, ldy, rt.mask, sb == 0);
-      });
-    }
-  }
-}
-
 // Decode (one token) on interleaved Q6_K, straight from the loads: for half n of a super-block
 // and m < 8, ql dwords 16n + m (a) and 16n + 8 + m (b) and qh dword 32 + 8n + m (h) give four
 // registers of 6-bit quants (stored + 32): elements 128n + 32k + 4m .. + 3 for k = 0..3, i.e.
 // sub-block 8n + 2k + m / 4; k = 0: a's low nibbles | h bits 0-1, 1: b's low | h 2-3, 2: a's
 // high | h 4-5, 3: b's high | h 6-7. Each sub-block's accumulator starts at -32 bsums (the
 // stored offset), then times its int8 scale.
-void gemv_q6K_interleaved(int64_t nsb, const uint8_t* group, const uint8_t* a, float* y) {
-  const Q6Interleaved src{group, nsb};
+void gemv_q6K_interleaved(const Q6Interleaved& src, const uint8_t* a, float* y) {
+  const int64_t nsb = src.nsb;
   const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
   __m512 acc = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* dw = src.dwords(sb);
     {
-      const char* pf = reinterpret_cast<const char*>(group + size_t(sb) * sizeof(block_q6_K) * kRows) + kPrefetchAhead;
+      const char* pf = reinterpret_cast<const char*>(src.group + size_t(sb) * sizeof(block_q6_K) * kRows) + kPrefetchAhead;
       for (size_t l = 0; l < sizeof(block_q6_K) * kRows; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
     }
     const uint8_t* ab = a + size_t(sb) * sizeof(block_q8_K);
@@ -605,22 +581,27 @@ void gemv_q6K_interleaved(int64_t nsb, const uint8_t* group, const uint8_t* a, f
   _mm512_storeu_ps(y, acc);
 }
 
-void gemm_q6K_interleaved(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
-                          int64_t n_tok, float* y, int64_t ldy) {
+// Tiles of Q6_K over 16 rows at a time from `Rows` (Q6FileRows, or Q6Interleaved: w the start of
+// a group, n_rows a multiple of 16, and one token to the fused decode kernel above).
+template <class Rows>
+void gemm_q6K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
+              int64_t n_tok, float* y, int64_t ldy) {
   const int64_t nsb = n / QK_K;
   const auto* ab = static_cast<const uint8_t*>(a);
   alignas(64) TileQ6K tile;
   for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
-    const uint8_t* group = static_cast<const uint8_t*>(w) + size_t(r0) * w_stride;
-    if (n_tok == 1) {
-      gemv_q6K_interleaved(nsb, group, ab, y + r0);
-      continue;
+    const Rows rows(w, w_stride, r0, n_rows, nsb);
+    if constexpr (std::is_same_v<Rows, Q6Interleaved>) {
+      if (n_tok == 1) {
+        gemv_q6K_interleaved(rows, ab, y + r0);
+        continue;
+      }
     }
     for (int64_t sb = 0; sb < nsb; ++sb) {
-      unpack_q6K(Q6Interleaved{group, nsb}, sb, tile);
+      unpack_q6K(rows, sb, tile);
       for_token_blocks(n_tok, [&](auto T, int64_t t0) {
         q6K_tokens<decltype(T)::value>(tile, ab + size_t(t0) * a_stride + size_t(sb) * sizeof(block_q8_K), a_stride,
-                            y + t0 * ldy + r0, ldy, __mmask16(0xFFFF), sb == 0);
+                            y + t0 * ldy + r0, ldy, rows.mask, sb == 0);
       });
     }
   }
@@ -1072,9 +1053,9 @@ namespace detail {
 void add_avx512_gemm(GemmFn* gemm) {
   gemm[size_t(GgmlType::f16)] = gemm_float16<F16Weights>;
   gemm[size_t(GgmlType::bf16)] = gemm_float16<Bf16Weights>;
-  gemm[size_t(GgmlType::q4_k)] = gemm_q45K<block_q4_K, false>;
-  gemm[size_t(GgmlType::q5_k)] = gemm_q45K<block_q5_K, true>;
-  gemm[size_t(GgmlType::q6_k)] = gemm_q6K;
+  gemm[size_t(GgmlType::q4_k)] = gemm_q45K<block_q4_K, false, FileRows>;
+  gemm[size_t(GgmlType::q5_k)] = gemm_q45K<block_q5_K, true, FileRows>;
+  gemm[size_t(GgmlType::q6_k)] = gemm_q6K<Q6FileRows>;
   gemm[size_t(GgmlType::q8_0)] = gemm_32<FileRows32<Q8_0Format>>;
   gemm[size_t(GgmlType::q4_0)] = gemm_32<FileRows32<Q4_0Format>>;
   gemm[size_t(GgmlType::iq4_nl)] = gemm_32<FileRows32<Iq4NlFormat>>;
@@ -1082,9 +1063,9 @@ void add_avx512_gemm(GemmFn* gemm) {
 }
 
 void add_avx512_gemm_interleaved(GemmFn* gemm) {
-  gemm[size_t(GgmlType::q4_k)] = gemm_q45K_interleaved<block_q4_K, false>;
-  gemm[size_t(GgmlType::q5_k)] = gemm_q45K_interleaved<block_q5_K, true>;
-  gemm[size_t(GgmlType::q6_k)] = gemm_q6K_interleaved;
+  gemm[size_t(GgmlType::q4_k)] = gemm_q45K<block_q4_K, false, Interleaved>;
+  gemm[size_t(GgmlType::q5_k)] = gemm_q45K<block_q5_K, true, Interleaved>;
+  gemm[size_t(GgmlType::q6_k)] = gemm_q6K<Q6Interleaved>;
   gemm[size_t(GgmlType::q8_0)] = gemm_32<InterleavedRows32<Q8_0Interleaved>>;
   gemm[size_t(GgmlType::q4_0)] = gemm_32<InterleavedRows32<Q4_0Interleaved>>;
   gemm[size_t(GgmlType::iq4_nl)] = gemm_32<InterleavedRows32<Iq4NlInterleaved>>;
