@@ -15,13 +15,11 @@ void run_forward(const Model& m, const cpu::CpuBackend& be, std::span<const SeqS
     case Arch::qwen3moe:
     case Arch::qwen2moe:
     case Arch::llama:
+    case Arch::gpt_oss:
       forward_gqa_moe(m, be, seqs, tokens, all_logits, logits);
       break;
     case Arch::deepseek2:
       forward_deepseek2(m, be, seqs, tokens, all_logits, logits);
-      break;
-    case Arch::gpt_oss:
-      forward_gpt_oss(m, be, seqs, tokens, all_logits, logits);
       break;
   }
 }

@@ -1,7 +1,9 @@
-// qwen3moe, qwen2moe and llama with experts (Mixtral): pre-norm blocks of GQA attention and a
-// routed-expert FFN. What differs between them is data the loader found: q/k biases (qwen2moe),
-// per-head q/k RMSNorm (qwen3moe), a sigmoid-gated shared expert (qwen2moe), whether the top-k
-// weights are renormalised, and the RoPE pairing (NEOX for qwen, NORM for llama).
+// qwen3moe, qwen2moe, llama with experts (Mixtral) and gpt-oss: pre-norm blocks of GQA attention
+// and a routed-expert FFN. What differs between them is data the loader found: q/k/v/o biases and
+// per-head sinks with sliding windows (gpt-oss), per-head q/k RMSNorm (qwen3moe), a sigmoid-gated
+// shared expert (qwen2moe), the router's rule (softmax over all, or over the chosen top-k logits
+// with a bias: gpt-oss), the experts' activation (hp.expert_glu: silu, or gpt-oss's clamped
+// swiglu_oai with expert biases) and the RoPE pairing (NEOX for qwen and gpt-oss, NORM for llama).
 #include <cmath>
 #include <vector>
 
@@ -45,7 +47,7 @@ void forward_gqa_moe(const Model& m, const cpu::CpuBackend& be, std::span<const 
     }
     {
       prof::Span span(prof::Part::experts, il);
-      moe_ffn(be, l, routing, h.data(), n_tok, E, y.data());
+      moe_ffn(be, l, routing, h.data(), n_tok, E, y.data(), hp.expert_glu);
     }
     if (l.gate_shexp) {
       prof::Span span(prof::Part::shared_ffn, il);

@@ -20,12 +20,9 @@ struct SeqSpan {
   int64_t n_tok = 0;
 };
 
-// qwen3moe, qwen2moe, llama (Mixtral): GQA attention + routed experts (+ shared expert).
+// qwen3moe, qwen2moe, llama (Mixtral), gpt-oss: GQA attention (biases, sinks and sliding windows
+// where the model has them) + routed experts (hp.expert_glu; + shared expert).
 void forward_gqa_moe(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
-                     bool all_logits, float* logits);
-// gpt-oss: GQA attention with biases, sinks and alternating sliding windows; biased experts with
-// swiglu_oai, softmax over the top-k router logits.
-void forward_gpt_oss(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
                      bool all_logits, float* logits);
 // deepseek2: MLA attention, leading dense layers, shared experts, grouped sigmoid routing.
 void forward_deepseek2(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
