@@ -236,9 +236,11 @@ void check_gemm(const KernelTable& k, Problem& p, int64_t ldy, GemmFn gemm = nul
 }
 
 std::vector<int64_t> lengths_for(GgmlType type) {
-  std::vector<int64_t> v = {256, 768, 2048};
-  // 32-element formats take blocks eight at a time: 3, 9 and 13 blocks leave remainders
-  if (quant_traits(type).block_size == 32) v.insert(v.end(), {96, 288, 416});
+  // 4608 and 4640: several L1 panels of unpacked tiles (the AVX-512 kernels' panels hold about
+  // 2048 elements), the last one short
+  std::vector<int64_t> v = {256, 768, 2048, 4608};
+  // 32-element formats take blocks eight at a time: 3, 9, 13 and 145 blocks leave remainders
+  if (quant_traits(type).block_size == 32) v.insert(v.end(), {96, 288, 416, 4640});
   // float types: any length; 1, 15, 100 and 300 leave every tail of the 16-element steps and of
   // the 256-element chunks
   if (quant_traits(type).block_size == 1) v.insert(v.end(), {1, 15, 100, 300});

@@ -151,9 +151,56 @@ inline void store_rows(float* y, __mmask16 mask, __m512 v, bool first) {
   if (!first) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, y));
   _mm512_mask_storeu_ps(y, mask, v);
 }
-inline void update_rows(float* y, __mmask16 mask, __m512 v, __m512 scale, bool first) {
-  const __m512 r = first ? _mm512_mul_ps(v, scale) : _mm512_fmadd_ps(v, scale, _mm512_maskz_loadu_ps(mask, y));
-  _mm512_mask_storeu_ps(y, mask, r);
+
+// ---- panels ----
+//
+// Several tokens: a 16-row group's K is cut into panels of up to kPanelBytes of unpacked tiles
+// (L1 scratch: 8 super-blocks of Q4_K, 2048 elements). A panel is unpacked once, then each block
+// of up to kTok tokens runs over the whole panel with its sums in registers, so y is written once
+// per panel. Meanwhile the weights that follow in a row-interleaved group's stream (the next
+// panel, or the next group's first) are prefetched into L2, spread over the token blocks, so the
+// next unpack does not wait on DRAM. (Measured, one thread, 768 x 2048 Q4_K by 512 tokens: 413 ->
+// 593 GOP/s for the panel; sums per 256 elements through y were the previous scheme.)
+constexpr size_t kPanelBytes = 40 * 1024;
+
+// Software prefetch of [from, from + bytes) into L2, in `steps` even slices (from == nullptr: none).
+class StreamPrefetch {
+ public:
+  StreamPrefetch(const uint8_t* from, size_t bytes, int64_t steps) {
+    if (from == nullptr) return;
+    p_ = reinterpret_cast<const char*>(from);
+    end_ = p_ + bytes;
+    slice_ = (bytes / size_t(steps) + 63) / 64 * 64;
+  }
+  void step() {
+    for (const char* stop = std::min(end_, p_ + slice_); p_ < stop; p_ += 64) _mm_prefetch(p_, _MM_HINT_T1);
+  }
+
+ private:
+  const char* p_ = nullptr;
+  const char* end_ = nullptr;
+  size_t slice_ = 0;
+};
+
+// One group's panels: unpack(u, tile) fills the tile of unit u (a super-block, or 8 blocks);
+// tokens(T, t0, tiles, u0, nu) runs tokens t0 .. t0 + T over units u0 .. u0 + nu (first panel:
+// u0 == 0). stream: where the group's unit 0 starts in a row-interleaved weight stream of
+// unit_bytes per unit (nullptr for the file layout: no prefetch).
+template <class Tile, class Unpack, class Tokens>
+void group_panels(int64_t n_units, int64_t n_tok, const uint8_t* stream, size_t unit_bytes, Unpack&& unpack,
+                  Tokens&& tokens) {
+  constexpr int64_t kPanel = std::max<int64_t>(1, int64_t(kPanelBytes / sizeof(Tile)));
+  thread_local std::vector<Tile> tiles(kPanel);
+  const int64_t n_blocks = (n_tok + kTok - 1) / kTok;
+  for (int64_t u0 = 0; u0 < n_units; u0 += kPanel) {
+    const int64_t nu = std::min(kPanel, n_units - u0);
+    for (int64_t i = 0; i < nu; ++i) unpack(u0 + i, tiles[size_t(i)]);
+    StreamPrefetch pf(stream ? stream + size_t(u0 + nu) * unit_bytes : nullptr, size_t(kPanel) * unit_bytes, n_blocks);
+    for_token_blocks(n_tok, [&](auto T, int64_t t0) {
+      pf.step();
+      tokens(T, t0, tiles.data(), u0, nu);
+    });
+  }
 }
 
 // ================================ K formats x Q8_K ================================
@@ -182,6 +229,7 @@ struct FileRows {
       : rt(row_tile(w, w_stride, r0, n_rows)), mask(rt.mask) {}
   void load16(size_t off, __m512i r[16]) const { load_transposed(rt.rows, off, r); }
   void load4(size_t off, __m512i z[4]) const { load_transposed_16x4(rt.rows, off, z); }
+  const uint8_t* stream() const { return nullptr; }
 };
 struct Interleaved {
   const uint8_t* group;
@@ -194,6 +242,7 @@ struct Interleaved {
   void load4(size_t off, __m512i z[4]) const {
     for (int j = 0; j < 4; ++j) z[j] = load64(group + off * kRows + 64 * size_t(j));
   }
+  const uint8_t* stream() const { return group; }
 };
 
 template <class Block, bool kFifthBit, class Src>
@@ -273,33 +322,42 @@ void bsum_pairs(const uint8_t* a, size_t a_stride, int64_t n_tok, int64_t nsb, s
   }
 }
 
+// Tokens t0 .. t0 + T against a panel of np super-blocks (tiles[0 .. np)): a and pairs at the
+// panel's first super-block of token t0; the sums stay in registers over the panel, and y gets
+// them once (stored, or added after the first panel).
 template <int T>
-void q45K_tokens(const TileQ45K& tile, const uint8_t* a, size_t a_stride, const int32_t* pairs,
+void q45K_tokens(const TileQ45K* tiles, int64_t np, const uint8_t* a, size_t a_stride, const int32_t* pairs,
                  size_t pairs_stride, float* y, int64_t ldy, __mmask16 mask, bool first) {
-  const uint8_t* at[T];
-  for (int t = 0; t < T; ++t) at[t] = a + size_t(t) * a_stride;
-  __m512i sumi[T];
-  for (int t = 0; t < T; ++t) sumi[t] = _mm512_setzero_si512();
-  for (int s = 0; s < 8; ++s) {
-    __m512i acc[T];
-    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_si512();
-    for (int g = 0; g < 8; ++g) {
-      const __m512i w = tile.q[8 * s + g];
-      for (int t = 0; t < T; ++t)
-        acc[t] = _mm512_dpbusd_epi32(acc[t], w, bcast4(at[t] + kQ8KQs + 32 * s + 4 * g));
+  __m512 out[T];
+  for (int t = 0; t < T; ++t) out[t] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < np; ++i) {
+    const TileQ45K& tile = tiles[i];
+    const uint8_t* at[T];
+    for (int t = 0; t < T; ++t) at[t] = a + size_t(t) * a_stride + size_t(i) * sizeof(block_q8_K);
+    __m512i sumi[T];
+    for (int t = 0; t < T; ++t) sumi[t] = _mm512_setzero_si512();
+    for (int s = 0; s < 8; ++s) {
+      __m512i acc[T];
+      for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_si512();
+      for (int g = 0; g < 8; ++g) {
+        const __m512i w = tile.q[8 * s + g];
+        for (int t = 0; t < T; ++t)
+          acc[t] = _mm512_dpbusd_epi32(acc[t], w, bcast4(at[t] + kQ8KQs + 32 * s + 4 * g));
+      }
+      for (int t = 0; t < T; ++t) sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(acc[t], tile.sc[s]));
     }
-    for (int t = 0; t < T; ++t) sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(acc[t], tile.sc[s]));
+    for (int t = 0; t < T; ++t) {
+      const int32_t* p = pairs + size_t(t) * pairs_stride + 4 * size_t(i);
+      __m512i mins = _mm512_setzero_si512();
+      for (int k = 0; k < 4; ++k) mins = _mm512_dpwssd_epi32(mins, tile.mins[k], _mm512_set1_epi32(p[k]));
+      const __m512 v = _mm512_fmsub_ps(_mm512_cvtepi32_ps(sumi[t]), tile.d,
+                                       _mm512_mul_ps(_mm512_cvtepi32_ps(mins), tile.dmin));
+      float da;
+      std::memcpy(&da, at[t] + offsetof(block_q8_K, d), 4);
+      out[t] = _mm512_fmadd_ps(v, _mm512_set1_ps(da), out[t]);
+    }
   }
-  for (int t = 0; t < T; ++t) {
-    const int32_t* p = pairs + size_t(t) * pairs_stride;
-    __m512i mins = _mm512_setzero_si512();
-    for (int k = 0; k < 4; ++k) mins = _mm512_dpwssd_epi32(mins, tile.mins[k], _mm512_set1_epi32(p[k]));
-    const __m512 v = _mm512_fmsub_ps(_mm512_cvtepi32_ps(sumi[t]), tile.d,
-                                     _mm512_mul_ps(_mm512_cvtepi32_ps(mins), tile.dmin));
-    float da;
-    std::memcpy(&da, at[t] + offsetof(block_q8_K, d), 4);
-    update_rows(y + t * ldy, mask, v, _mm512_set1_ps(da), first);
-  }
+  for (int t = 0; t < T; ++t) store_rows(y + t * ldy, mask, out[t], first);
 }
 
 // Software prefetch distance of the decode kernel: two super-blocks of a group ahead. The
@@ -370,7 +428,7 @@ void gemv_q4K_interleaved(int64_t nsb, const uint8_t* group, const uint8_t* a, c
 
 // Tiles of Q4_K / Q5_K over 16 rows at a time from `Rows` (FileRows, or Interleaved: w the start
 // of a group, n_rows a multiple of 16). One token on interleaved Q4_K goes to the fused decode
-// kernel; otherwise each super-block is unpacked into a tile shared by blocks of up to 8 tokens.
+// kernel; otherwise panels of super-blocks are unpacked and shared by blocks of up to 8 tokens.
 template <class Block, bool kFifthBit, class Rows>
 void gemm_q45K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
                int64_t n_tok, float* y, int64_t ldy) {
@@ -378,7 +436,6 @@ void gemm_q45K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const 
   const auto* ab = static_cast<const uint8_t*>(a);
   thread_local std::vector<int32_t> pairs;
   bsum_pairs(ab, a_stride, n_tok, nsb, pairs);
-  alignas(64) TileQ45K tile;
   for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
     const Rows rows(w, w_stride, r0, n_rows);
     if constexpr (std::is_same_v<Rows, Interleaved> && !kFifthBit) {
@@ -387,14 +444,14 @@ void gemm_q45K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const 
         continue;
       }
     }
-    for (int64_t sb = 0; sb < nsb; ++sb) {
-      unpack_q45K<Block, kFifthBit>(rows, sb, tile);
-      for_token_blocks(n_tok, [&](auto T, int64_t t0) {
-        q45K_tokens<decltype(T)::value>(tile, ab + size_t(t0) * a_stride + size_t(sb) * sizeof(block_q8_K), a_stride,
-                             pairs.data() + size_t(t0 * nsb + sb) * 4, size_t(nsb) * 4, y + t0 * ldy + r0, ldy,
-                             rows.mask, sb == 0);
-      });
-    }
+    group_panels<TileQ45K>(
+        nsb, n_tok, rows.stream(), kRows * sizeof(Block),
+        [&](int64_t sb, TileQ45K& tile) { unpack_q45K<Block, kFifthBit>(rows, sb, tile); },
+        [&](auto T, int64_t t0, const TileQ45K* tiles, int64_t sb0, int64_t np) {
+          q45K_tokens<decltype(T)::value>(tiles, np, ab + size_t(t0) * a_stride + size_t(sb0) * sizeof(block_q8_K),
+                                          a_stride, pairs.data() + size_t(t0 * nsb + sb0) * 4, size_t(nsb) * 4,
+                                          y + t0 * ldy + r0, ldy, rows.mask, sb0 == 0);
+        });
   }
 }
 
@@ -428,6 +485,7 @@ struct Q6FileRows {
       std::memcpy(&dh[i], rt.rows[i] + size_t(sb) * sizeof(block_q6_K) + offsetof(block_q6_K, d), 2);
     return _mm512_cvtph_ps(load32(dh));
   }
+  const uint8_t* stream() const { return nullptr; }
 };
 struct Q6Interleaved {
   static constexpr size_t kDwords = offsetof(block_q6_K, d) / 4;  // 52: ql, qh, scales
@@ -454,6 +512,7 @@ struct Q6Interleaved {
     const uint8_t* tails = group + size_t(ub) * sizeof(block_q6_K) * kRows + size_t(m) * kDwords * 64;
     return _mm512_cvtph_ps(load32(tails + size_t(sb - ub) * kRows * 2));
   }
+  const uint8_t* stream() const { return group; }
 };
 
 template <class Src>
@@ -497,33 +556,40 @@ void unpack_q6K(const Src& src, int64_t sb, TileQ6K& tile) {
   tile.d = src.d(sb);
 }
 
+// Tokens t0 .. t0 + T against a panel of np super-blocks (as q45K_tokens).
 template <int T>
-void q6K_tokens(const TileQ6K& tile, const uint8_t* a, size_t a_stride, float* y, int64_t ldy,
+void q6K_tokens(const TileQ6K* tiles, int64_t np, const uint8_t* a, size_t a_stride, float* y, int64_t ldy,
                 __mmask16 mask, bool first) {
-  const uint8_t* at[T];
-  for (int t = 0; t < T; ++t) at[t] = a + size_t(t) * a_stride;
-  __m512i sumi[T];
-  // the offset term first: -32 sum_s sc_s bsums_s
-  for (int t = 0; t < T; ++t) {
-    sumi[t] = _mm512_setzero_si512();
-    for (int p = 0; p < 8; ++p)
-      sumi[t] = _mm512_dpwssd_epi32(sumi[t], tile.offset[p], bcast4(at[t] + kQ8KBsums + 4 * p));
-  }
-  for (int s = 0; s < 16; ++s) {
-    __m512i acc[T];
-    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_si512();
-    for (int g = 0; g < 4; ++g) {
-      const __m512i w = tile.q[4 * s + g];
-      for (int t = 0; t < T; ++t)
-        acc[t] = _mm512_dpbusd_epi32(acc[t], w, bcast4(at[t] + kQ8KQs + 16 * s + 4 * g));
+  __m512 out[T];
+  for (int t = 0; t < T; ++t) out[t] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < np; ++i) {
+    const TileQ6K& tile = tiles[i];
+    const uint8_t* at[T];
+    for (int t = 0; t < T; ++t) at[t] = a + size_t(t) * a_stride + size_t(i) * sizeof(block_q8_K);
+    __m512i sumi[T];
+    // the offset term first: -32 sum_s sc_s bsums_s
+    for (int t = 0; t < T; ++t) {
+      sumi[t] = _mm512_setzero_si512();
+      for (int p = 0; p < 8; ++p)
+        sumi[t] = _mm512_dpwssd_epi32(sumi[t], tile.offset[p], bcast4(at[t] + kQ8KBsums + 4 * p));
     }
-    for (int t = 0; t < T; ++t) sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(acc[t], tile.sc[s]));
+    for (int s = 0; s < 16; ++s) {
+      __m512i acc[T];
+      for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_si512();
+      for (int g = 0; g < 4; ++g) {
+        const __m512i w = tile.q[4 * s + g];
+        for (int t = 0; t < T; ++t)
+          acc[t] = _mm512_dpbusd_epi32(acc[t], w, bcast4(at[t] + kQ8KQs + 16 * s + 4 * g));
+      }
+      for (int t = 0; t < T; ++t) sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(acc[t], tile.sc[s]));
+    }
+    for (int t = 0; t < T; ++t) {
+      float da;
+      std::memcpy(&da, at[t] + offsetof(block_q8_K, d), 4);
+      out[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sumi[t]), tile.d), _mm512_set1_ps(da), out[t]);
+    }
   }
-  for (int t = 0; t < T; ++t) {
-    float da;
-    std::memcpy(&da, at[t] + offsetof(block_q8_K, d), 4);
-    update_rows(y + t * ldy, mask, _mm512_mul_ps(_mm512_cvtepi32_ps(sumi[t]), tile.d), _mm512_set1_ps(da), first);
-  }
+  for (int t = 0; t < T; ++t) store_rows(y + t * ldy, mask, out[t], first);
 }
 
 // Decode (one token) on interleaved Q6_K, straight from the loads: for half n of a super-block
@@ -588,7 +654,6 @@ void gemm_q6K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const v
               int64_t n_tok, float* y, int64_t ldy) {
   const int64_t nsb = n / QK_K;
   const auto* ab = static_cast<const uint8_t*>(a);
-  alignas(64) TileQ6K tile;
   for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
     const Rows rows(w, w_stride, r0, n_rows, nsb);
     if constexpr (std::is_same_v<Rows, Q6Interleaved>) {
@@ -597,13 +662,13 @@ void gemm_q6K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const v
         continue;
       }
     }
-    for (int64_t sb = 0; sb < nsb; ++sb) {
-      unpack_q6K(rows, sb, tile);
-      for_token_blocks(n_tok, [&](auto T, int64_t t0) {
-        q6K_tokens<decltype(T)::value>(tile, ab + size_t(t0) * a_stride + size_t(sb) * sizeof(block_q8_K), a_stride,
-                            y + t0 * ldy + r0, ldy, rows.mask, sb == 0);
-      });
-    }
+    group_panels<TileQ6K>(
+        nsb, n_tok, rows.stream(), kRows * sizeof(block_q6_K),
+        [&](int64_t sb, TileQ6K& tile) { unpack_q6K(rows, sb, tile); },
+        [&](auto T, int64_t t0, const TileQ6K* tiles, int64_t sb0, int64_t np) {
+          q6K_tokens<decltype(T)::value>(tiles, np, ab + size_t(t0) * a_stride + size_t(sb0) * sizeof(block_q8_K),
+                                         a_stride, y + t0 * ldy + r0, ldy, rows.mask, sb0 == 0);
+        });
   }
 }
 
@@ -646,23 +711,27 @@ void token_blocks_q8_0(const uint8_t* a, size_t a_stride, int64_t n_tok, int64_t
   }
 }
 
+// Tokens t0 .. t0 + T against a panel of nblk blocks (units of kUnitBlocks in tiles[]): a and tb
+// at the panel's first block of token t0.
 template <int T>
-void tokens_32(const Tile32& tile, int nblk, const uint8_t* a, size_t a_stride, const TokenBlock* tb,
+void tokens_32(const Tile32* tiles, int64_t nblk, const uint8_t* a, size_t a_stride, const TokenBlock* tb,
                size_t tb_stride, float* y, int64_t ldy, __mmask16 mask, bool first) {
   __m512 sum[T];
   for (int t = 0; t < T; ++t) sum[t] = _mm512_setzero_ps();
-  for (int b = 0; b < nblk; ++b) {
+  for (int64_t b = 0; b < nblk; ++b) {
+    const Tile32& tile = tiles[b / kUnitBlocks];
+    const int64_t j = b % kUnitBlocks;
     __m512i acc[T];
-    for (int t = 0; t < T; ++t) acc[t] = _mm512_set1_epi32(tb[size_t(t) * tb_stride + b].start);
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_set1_epi32(tb[size_t(t) * tb_stride + size_t(b)].start);
     const uint8_t* qs = a + sizeof(block_q8_0) * size_t(b) + offsetof(block_q8_0, qs);
     for (int g = 0; g < 8; ++g) {
-      const __m512i w = tile.q[8 * b + g];
+      const __m512i w = tile.q[8 * j + g];
       for (int t = 0; t < T; ++t)
         acc[t] = _mm512_dpbusd_epi32(acc[t], w, bcast4(qs + size_t(t) * a_stride + 4 * g));
     }
     for (int t = 0; t < T; ++t) {
-      const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[t]), _mm512_set1_ps(tb[size_t(t) * tb_stride + b].d));
-      sum[t] = _mm512_fmadd_ps(v, tile.d[b], sum[t]);
+      const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[t]), _mm512_set1_ps(tb[size_t(t) * tb_stride + size_t(b)].d));
+      sum[t] = _mm512_fmadd_ps(v, tile.d[j], sum[t]);
     }
   }
   for (int t = 0; t < T; ++t) store_rows(y + t * ldy, mask, sum[t], first);
@@ -770,12 +839,13 @@ struct FileRows32 {
   FileRows32(const void* w, size_t w_stride, int64_t r0, int64_t n_rows, int64_t /*nb*/)
       : rt(row_tile(w, w_stride, r0, n_rows)), mask(rt.mask) {}
   void unpack(int64_t b0, int nblk, Tile32& tile) const { F::unpack(rt, b0, nblk, tile); }
+  const uint8_t* stream() const { return nullptr; }
   bool gemv(const uint8_t*, const TokenBlock*, float*) const { return false; }  // no decode kernel of its own
 };
 
 // Tiles of a 32-element format over 16 rows at a time from `Rows` (FileRows32 or
 // InterleavedRows32 below): one token may go to the rows' own decode kernel; otherwise units of
-// up to 8 blocks are unpacked into a Tile32 and shared by blocks of up to 8 tokens.
+// up to 8 blocks are unpacked into Tile32s, panels of which are shared by blocks of up to 8 tokens.
 template <class Rows>
 void gemm_32(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
              int64_t n_tok, float* y, int64_t ldy) {
@@ -783,19 +853,22 @@ void gemm_32(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const vo
   const auto* ab = static_cast<const uint8_t*>(a);
   thread_local std::vector<TokenBlock> tbs;
   token_blocks_q8_0(ab, a_stride, n_tok, nb, Rows::kOffset, tbs);
-  alignas(64) Tile32 tile;
+  const int64_t n_units = (nb + kUnitBlocks - 1) / kUnitBlocks;
+  const size_t unit_bytes = kRows * (w_stride / size_t(nb)) * kUnitBlocks;  // in an interleaved stream
   for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
     const Rows rows(w, w_stride, r0, n_rows, nb);
     if (n_tok == 1 && rows.gemv(ab, tbs.data(), y + r0)) continue;
-    for (int64_t b0 = 0; b0 < nb; b0 += kUnitBlocks) {
-      const int nblk = int(std::min<int64_t>(kUnitBlocks, nb - b0));
-      rows.unpack(b0, nblk, tile);
-      for_token_blocks(n_tok, [&](auto T, int64_t t0) {
-        tokens_32<decltype(T)::value>(tile, nblk, ab + size_t(t0) * a_stride + size_t(b0) * sizeof(block_q8_0), a_stride,
-                           tbs.data() + size_t(t0 * nb + b0), size_t(nb), y + t0 * ldy + r0, ldy, rows.mask,
-                           b0 == 0);
-      });
-    }
+    group_panels<Tile32>(
+        n_units, n_tok, rows.stream(), unit_bytes,
+        [&](int64_t u, Tile32& tile) {
+          rows.unpack(u * kUnitBlocks, int(std::min<int64_t>(kUnitBlocks, nb - u * kUnitBlocks)), tile);
+        },
+        [&](auto T, int64_t t0, const Tile32* tiles, int64_t u0, int64_t nu) {
+          const int64_t b0 = u0 * kUnitBlocks, nblk = std::min(nu * kUnitBlocks, nb - b0);
+          tokens_32<decltype(T)::value>(tiles, nblk, ab + size_t(t0) * a_stride + size_t(b0) * sizeof(block_q8_0),
+                                        a_stride, tbs.data() + size_t(t0 * nb + b0), size_t(nb), y + t0 * ldy + r0,
+                                        ldy, rows.mask, u0 == 0);
+        });
   }
 }
 
@@ -920,6 +993,7 @@ struct InterleavedRows32 {
     gemv_32_interleaved<F>(nb, group, a, tb, y);
     return true;
   }
+  const uint8_t* stream() const { return group; }
 };
 
 // ---- F16 / BF16 weights x float activations ----
