@@ -51,7 +51,7 @@ void put_half(uint8_t* p, uint16_t h) { std::memcpy(p, &h, 2); }
 // valid scales. Q6_K's int8 sub-block scales are random too (-128..127).
 void random_weight_row(Rng& rng, GgmlType type, int64_t n, uint8_t* row) {
   const QuantTraits& t = quant_traits(type);
-  if (type == GgmlType::f16 || type == GgmlType::bf16) {  // finite values of random magnitude
+  if (t.block_size == 1) {  // float types: finite values of random magnitude
     std::vector<float> v(static_cast<size_t>(n));
     for (float& x : v) x = rng.normal() * std::ldexp(1.0f, rng.int_in(-8, 4));
     t.from_float(v.data(), row, n);
@@ -110,6 +110,11 @@ void make_extreme(GgmlType type, int64_t n, uint8_t* row) {
       }
       case GgmlType::f16: put_half(b, 0xFBFF); break;   // -65504, the largest finite half
       case GgmlType::bf16: put_half(b, 0xF180); break;  // about -2^100
+      case GgmlType::f32: {
+        const float v = -0x1p100f;
+        std::memcpy(b, &v, 4);
+        break;
+      }
       default: ADD_FAILURE() << "no extreme row for " << t.name;
     }
   }

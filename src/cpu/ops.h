@@ -7,6 +7,7 @@
 //    chosen at start-up (cpu/kernels.h: AVX-512, AVX2, or the scalar reference).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -83,6 +84,8 @@ void add(float* y, const float* x, int64_t n);
 // sum_i a[i] b[i], with the start-up ISA's f32 kernel (attention scores).
 float dot_f32(const float* a, const float* b, int64_t n);
 
+// The largest of x[0..n) and `init` (in SIMD lanes).
+float max_value(const float* x, int64_t n, float init = -INFINITY);
 // Softmax of x[0..n) in place (exp by the start-up ISA's exp_sum).
 void softmax(float* x, int64_t n);
 // x[i] = exp(x[i] - max) in place; returns their sum (kernels.h ExpSumFn).

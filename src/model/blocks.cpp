@@ -18,8 +18,7 @@ namespace {
 // cpu::softmax of x[0..n) with an extra logit `sink` in the denominator that takes no output
 // (ggml's soft_max_ext with sinks).
 void softmax_with_sink(float* x, int64_t n, float sink) {
-  float mx = sink;
-  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  const float mx = cpu::max_value(x, n, sink);
   const float inv = 1.0f / (cpu::exp_sum(x, n, mx) + std::exp(sink - mx));
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
@@ -245,20 +244,35 @@ void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const
       for (int64_t t = 0; t < ae.n_tok; ++t) cpu::add(ye + t * E, f.down_b + task.r0, task.r1 - task.r0);
   });
 
-  // out[token] += scale * y, FFNs in batch order; a few rows (decode) on the caller
-  const int64_t col_chunk = 256;
-  const int64_t n_chunks = n_rows * size_t(E) <= 65536 ? 1 : (E + col_chunk - 1) / col_chunk;
-  const int64_t chunk = n_chunks == 1 ? E : col_chunk;
-  pool.run(n_chunks, [&](int64_t c, int) {
-    const int64_t c0 = c * chunk, c1 = std::min(E, c0 + chunk);
-    for (size_t e = 0; e < n_ffn; ++e)
-      for (size_t i = 0; i < ffns[e].tokens.size(); ++i) {
-        const float s = ffns[e].scale[i];
-        const float* yr = &y[(first[e] + i) * size_t(E)];
-        float* o = out + ffns[e].tokens[i] * E;
-        for (int64_t j = c0; j < c1; ++j) o[j] += yr[j] * s;
-      }
-  });
+  // out[token] += scale * y over the token's FFNs in batch order (so the sum's order is fixed),
+  // token by token: each y row is read whole and out's row stays in L1. (Column chunks over all
+  // rows read 1 KB from each of thousands of 8 KB y rows: 4% of a 512-token prefill.)
+  std::vector<std::pair<int64_t, int64_t>> span_of(size_t(n_h), {0, 0});  // token -> its [begin, end) in parts
+  for (const FfnWork& f : ffns)
+    for (int64_t t : f.tokens) ++span_of[size_t(t)].second;
+  int64_t next = 0;
+  for (auto& [b, e] : span_of) {
+    b = next;
+    next += e;
+    e = b;
+  }
+  std::vector<std::pair<size_t, float>> parts(static_cast<size_t>(next));  // (y row, scale)
+  for (size_t e = 0; e < n_ffn; ++e)
+    for (size_t i = 0; i < ffns[e].tokens.size(); ++i)
+      parts[size_t(span_of[size_t(ffns[e].tokens[i])].second++)] = {first[e] + i, ffns[e].scale[i]};
+  auto sum_token = [&](int64_t t) {
+    float* o = out + t * E;
+    for (int64_t k = span_of[size_t(t)].first; k < span_of[size_t(t)].second; ++k) {
+      const float* yr = &y[parts[size_t(k)].first * size_t(E)];
+      const float s = parts[size_t(k)].second;
+      for (int64_t j = 0; j < E; ++j) o[j] += yr[j] * s;
+    }
+  };
+  if (n_rows * size_t(E) <= 65536) {  // a few rows (decode): on the caller
+    for (int64_t t = 0; t < n_h; ++t) sum_token(t);
+  } else {
+    pool.run(n_h, [&](int64_t t, int) { sum_token(t); });
+  }
 }
 
 }  // namespace

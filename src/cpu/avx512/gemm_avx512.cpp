@@ -1004,10 +1004,16 @@ struct InterleavedRows32 {
 // chunks accumulate in y. Float FMA throughout (the reference sums in double: float rounding of
 // n-term sums, as the vec_dot kernels).
 
+struct F32Weights {
+  static constexpr size_t kBytes = 4;
+  static __m512 load16(const uint8_t* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+};
 struct F16Weights {
+  static constexpr size_t kBytes = 2;
   static __m512 load16(const uint8_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 };
 struct Bf16Weights {
+  static constexpr size_t kBytes = 2;
   static __m512 load16(const uint8_t* p, __mmask16 m) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
   }
@@ -1107,7 +1113,7 @@ void gemm_float16(int64_t n, const void* w, size_t w_stride, int64_t n_rows, con
         const __mmask16 km = _cvtu32_mask16(m == 16 ? 0xFFFFu : (1u << m) - 1);
         __m512i r[16];
         for (int i = 0; i < 16; ++i)
-          r[i] = i < rows ? _mm512_castps_si512(W::load16(wb + size_t(r0 + i) * w_stride + size_t(k0 + kb) * 2, km))
+          r[i] = i < rows ? _mm512_castps_si512(W::load16(wb + size_t(r0 + i) * w_stride + size_t(k0 + kb) * W::kBytes, km))
                           : _mm512_setzero_si512();
         transpose_16x16(r);
         for (int j = 0; j < m; ++j) _mm512_store_ps(wt[kb + j], _mm512_castsi512_ps(r[j]));
@@ -1125,6 +1131,7 @@ void gemm_float16(int64_t n, const void* w, size_t w_stride, int64_t n_rows, con
 namespace detail {
 
 void add_avx512_gemm(GemmFn* gemm) {
+  gemm[size_t(GgmlType::f32)] = gemm_float16<F32Weights>;
   gemm[size_t(GgmlType::f16)] = gemm_float16<F16Weights>;
   gemm[size_t(GgmlType::bf16)] = gemm_float16<Bf16Weights>;
   gemm[size_t(GgmlType::q4_k)] = gemm_q45K<block_q4_K, false, FileRows>;
