@@ -150,10 +150,16 @@ void CpuBackend::matmul_batch(std::span<const MatmulOut> outs, const float* x, i
   const bool tiled = n_tok >= kTileMinTokens;
   int64_t total_rows = 0;
   for (const MatmulOut& o : outs) total_rows += o.w->n_out;
+  const int64_t tile_rows_ = !tiled ? 0 : tile_rows(pool.size(), [&](int64_t rows) {
+    int64_t n = 0;
+    for (size_t i = 0; i < outs.size(); ++i)
+      if (!done[i]) n += (outs[i].w->n_out + rows - 1) / rows * ((n_tok + kTileTokens - 1) / kTileTokens);
+    return n;
+  });
   for (size_t i = 0; i < outs.size(); ++i) {
     if (done[i]) continue;
     const int64_t n_out = outs[i].w->n_out;
-    const int64_t chunk = tiled ? kTileRows : std::min(rows_per_task(total_rows, pool.size()), (n_out + 15) / 16 * 16);
+    const int64_t chunk = tiled ? tile_rows_ : std::min(rows_per_task(total_rows, pool.size()), (n_out + 15) / 16 * 16);
     const int64_t tok_chunk = tiled ? kTileTokens : n_tok;
     for (int64_t t0 = 0; t0 < n_tok; t0 += tok_chunk)
       for (int64_t r0 = 0; r0 < n_out; r0 += chunk)

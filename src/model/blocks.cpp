@@ -131,11 +131,21 @@ std::vector<RowTask> row_tasks(const std::vector<FfnWork>& ffns, int64_t n_rows,
   const int64_t total = n_rows * int64_t(ffns.size());
   int64_t chunk = std::max<int64_t>(16, total / (4 * int64_t(n_threads)) / 16 * 16);
   chunk = std::min(chunk, (n_rows + 15) / 16 * 16);
+  const int64_t tile_rows = CpuBackend::tile_rows(n_threads, [&](int64_t rows) {
+    int64_t n = 0;
+    for (const FfnWork& f : ffns) {
+      const int64_t n_tok = int64_t(f.tokens.size());
+      n += n_tok >= CpuBackend::kTileMinTokens
+               ? (n_rows + rows - 1) / rows * ((n_tok + CpuBackend::kTileTokens - 1) / CpuBackend::kTileTokens)
+               : (n_rows + chunk - 1) / chunk;
+    }
+    return n;
+  });
   std::vector<RowTask> tasks;
   for (size_t e = 0; e < ffns.size(); ++e) {
     const int64_t n_tok = int64_t(ffns[e].tokens.size());
     const bool tiled = n_tok >= CpuBackend::kTileMinTokens;
-    const int64_t rows = tiled ? CpuBackend::kTileRows : chunk;
+    const int64_t rows = tiled ? tile_rows : chunk;
     const int64_t toks = tiled ? CpuBackend::kTileTokens : n_tok;
     for (int64_t t0 = 0; t0 < n_tok; t0 += toks)
       for (int64_t r0 = 0; r0 < n_rows; r0 += rows)
