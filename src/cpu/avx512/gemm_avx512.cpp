@@ -3,13 +3,16 @@
 // types fall back to KernelTable::gemm_tile's loop over the AVX-512 vec_dot.
 //
 // Scheme. The weight rows are taken 16 at a time (one int32 lane per row). For each 256 elements
-// (a K super-block, or eight 32-element blocks) the 16 rows' quants are unpacked once into L1
-// scratch as unsigned bytes, interleaved: register g holds, in lane r, the four consecutive
-// quants 4g .. 4g + 3 of row r (a 16 x 16 dword transpose of the packed bytes, then the format's
-// nibble / bit unpacking). Then for each token, `vpdpbusd acc, w[g], broadcast(a[4g .. 4g + 4))`
-// adds four products to each of the 16 rows at once; a block of up to 8 tokens is held in
-// registers, so each unpacked register is loaded once per 8 tokens and the activations come in
-// as embedded broadcasts. The unpacking is paid once per (16 rows, 256 elements) for all tokens.
+// (a K super-block, or eight 32-element blocks) the 16 rows' quants are unpacked once into an L1
+// tile as unsigned bytes, interleaved: register g holds, in lane r, the four consecutive
+// quants 4g .. 4g + 3 of row r (a 16 x 16 dword transpose of the packed bytes, or plain loads of
+// the row-interleaved layout, then the format's nibble / bit unpacking). Tiles are unpacked a
+// panel at a time (group_panels: up to 40 KB, 2048 elements of Q4_K). Then for each token,
+// `vpdpbusd acc, w[g], broadcast(a[4g .. 4g + 4))` adds four products to each of the 16 rows at
+// once; a block of up to 8 tokens runs over the whole panel with its sums in registers, so each
+// unpacked register is loaded once per 8 tokens, the activations come in as embedded broadcasts
+// and y is written once per panel. The unpacking is paid once per (16 rows, 256 elements) for
+// all tokens.
 //
 // Math. The integer sums are the reference's exactly (quant_ref.h); the float part differs by
 // rounding order only:
