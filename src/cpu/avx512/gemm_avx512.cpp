@@ -211,6 +211,23 @@ void group_panels(int64_t n_units, int64_t n_tok, const uint8_t* stream, size_t 
 constexpr size_t kQ8KQs = offsetof(block_q8_K, qs);
 constexpr size_t kQ8KBsums = offsetof(block_q8_K, bsums);
 
+// A K super-block of a tile against tokens' Q8_K quants (at[t]: token t's block): for each of S
+// sub-blocks of G groups (4 G elements), the G vpdpbusd sums times the sub-block's int32 scale,
+// added to sumi[t].
+template <int T, int S, int G>
+inline void scaled_subblocks(const __m512i* q, const __m512i* sc, const uint8_t* const at[T], __m512i sumi[T]) {
+  for (int s = 0; s < S; ++s) {
+    __m512i acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_si512();
+    for (int g = 0; g < G; ++g) {
+      const __m512i w = q[G * s + g];
+      for (int t = 0; t < T; ++t)
+        acc[t] = _mm512_dpbusd_epi32(acc[t], w, bcast4(at[t] + kQ8KQs + 4 * (G * s + g)));
+    }
+    for (int t = 0; t < T; ++t) sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(acc[t], sc[s]));
+  }
+}
+
 // ---- Q4_K / Q5_K ----
 
 struct TileQ45K {
@@ -339,16 +356,7 @@ void q45K_tokens(const TileQ45K* tiles, int64_t np, const uint8_t* a, size_t a_s
     for (int t = 0; t < T; ++t) at[t] = a + size_t(t) * a_stride + size_t(i) * sizeof(block_q8_K);
     __m512i sumi[T];
     for (int t = 0; t < T; ++t) sumi[t] = _mm512_setzero_si512();
-    for (int s = 0; s < 8; ++s) {
-      __m512i acc[T];
-      for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_si512();
-      for (int g = 0; g < 8; ++g) {
-        const __m512i w = tile.q[8 * s + g];
-        for (int t = 0; t < T; ++t)
-          acc[t] = _mm512_dpbusd_epi32(acc[t], w, bcast4(at[t] + kQ8KQs + 32 * s + 4 * g));
-      }
-      for (int t = 0; t < T; ++t) sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(acc[t], tile.sc[s]));
-    }
+    scaled_subblocks<T, 8, 8>(tile.q, tile.sc, at, sumi);
     for (int t = 0; t < T; ++t) {
       const int32_t* p = pairs + size_t(t) * pairs_stride + 4 * size_t(i);
       __m512i mins = _mm512_setzero_si512();
@@ -576,16 +584,7 @@ void q6K_tokens(const TileQ6K* tiles, int64_t np, const uint8_t* a, size_t a_str
       for (int p = 0; p < 8; ++p)
         sumi[t] = _mm512_dpwssd_epi32(sumi[t], tile.offset[p], bcast4(at[t] + kQ8KBsums + 4 * p));
     }
-    for (int s = 0; s < 16; ++s) {
-      __m512i acc[T];
-      for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_si512();
-      for (int g = 0; g < 4; ++g) {
-        const __m512i w = tile.q[4 * s + g];
-        for (int t = 0; t < T; ++t)
-          acc[t] = _mm512_dpbusd_epi32(acc[t], w, bcast4(at[t] + kQ8KQs + 16 * s + 4 * g));
-      }
-      for (int t = 0; t < T; ++t) sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(acc[t], tile.sc[s]));
-    }
+    scaled_subblocks<T, 16, 4>(tile.q, tile.sc, at, sumi);
     for (int t = 0; t < T; ++t) {
       float da;
       std::memcpy(&da, at[t] + offsetof(block_q8_K, d), 4);
