@@ -138,7 +138,7 @@ void CpuBackend::matmul_batch(std::span<const MatmulOut> outs, const float* x, i
     }
     acts[i] = it->second;
   }
-  // Few tokens: the weights are the traffic; long row chunks. Many: tiles of kTileRows rows by
+  // Few tokens: the weights are the traffic; long row chunks. Many: tiles of up to kTileRows rows by
   // kTileTokens tokens, whose weights and activations both stay in L2 while the tile kernel
   // reuses them.
   ThreadPool& pool = compute_pool();
@@ -146,25 +146,22 @@ void CpuBackend::matmul_batch(std::span<const MatmulOut> outs, const float* x, i
     uint32_t out;
     int64_t r0, r1, t0, t1;
   };
-  std::vector<Task> tasks;
   const bool tiled = n_tok >= kTileMinTokens;
   int64_t total_rows = 0;
   for (const MatmulOut& o : outs) total_rows += o.w->n_out;
-  const int64_t tile_rows_ = !tiled ? 0 : tile_rows(pool.size(), [&](int64_t rows) {
-    int64_t n = 0;
-    for (size_t i = 0; i < outs.size(); ++i)
-      if (!done[i]) n += (outs[i].w->n_out + rows - 1) / rows * ((n_tok + kTileTokens - 1) / kTileTokens);
-    return n;
+  const std::vector<Task> tasks = tiled_tasks(pool.size(), tiled, [&](int64_t tile_rows) {
+    std::vector<Task> v;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (done[i]) continue;
+      const int64_t n_out = outs[i].w->n_out;
+      const int64_t chunk = tiled ? tile_rows : std::min(rows_per_task(total_rows, pool.size()), (n_out + 15) / 16 * 16);
+      const int64_t tok_chunk = tiled ? kTileTokens : n_tok;
+      for (int64_t t0 = 0; t0 < n_tok; t0 += tok_chunk)
+        for (int64_t r0 = 0; r0 < n_out; r0 += chunk)
+          v.push_back({uint32_t(i), r0, std::min(n_out, r0 + chunk), t0, std::min(n_tok, t0 + tok_chunk)});
+    }
+    return v;
   });
-  for (size_t i = 0; i < outs.size(); ++i) {
-    if (done[i]) continue;
-    const int64_t n_out = outs[i].w->n_out;
-    const int64_t chunk = tiled ? tile_rows_ : std::min(rows_per_task(total_rows, pool.size()), (n_out + 15) / 16 * 16);
-    const int64_t tok_chunk = tiled ? kTileTokens : n_tok;
-    for (int64_t t0 = 0; t0 < n_tok; t0 += tok_chunk)
-      for (int64_t r0 = 0; r0 < n_out; r0 += chunk)
-        tasks.push_back({uint32_t(i), r0, std::min(n_out, r0 + chunk), t0, std::min(n_tok, t0 + tok_chunk)});
-  }
   pool.run(int64_t(tasks.size()), [&](int64_t k, int) {
     const Task& t = tasks[size_t(k)];
     const Weight& w = *outs[t.out].w;

@@ -68,14 +68,15 @@ class CpuBackend {
   // 30B-A3B synthetic model 95 -> 103 tok/s against 64. 128 tokens (300 KB of Q8_K activations
   // at 2048 wide, in L2) measured 7% faster than 64 and equal to 256 (BM_gemm q4_K/512).
   static constexpr int64_t kTileMinTokens = 16, kTileRows = 256, kTileTokens = 128;
-  // Rows per tile: kTileRows, halved down to 64 while count(rows), the tasks that would make,
-  // leaves a thread fewer than four (one 768-row matrix in three tiles for two threads: a third
-  // of the time one thread idles).
-  template <class CountTasks>
-  static int64_t tile_rows(int n_threads, CountTasks&& count) {
+  // The tasks make(rows) cuts with tiles of `rows` weight rows: kTileRows, halved down to 64 while
+  // the tasks would leave a thread fewer than four (one 768-row matrix in three tiles for two
+  // threads: a third of the time one thread idles). tiled: whether make has tiles at all.
+  template <class MakeTasks>
+  static auto tiled_tasks(int n_threads, bool tiled, MakeTasks&& make) {
     int64_t rows = kTileRows;
-    while (rows > 64 && count(rows) < 4 * int64_t(n_threads)) rows /= 2;
-    return rows;
+    auto tasks = make(rows);
+    while (tiled && rows > 64 && int64_t(tasks.size()) < 4 * int64_t(n_threads)) tasks = make(rows /= 2);
+    return tasks;
   }
 
  private:

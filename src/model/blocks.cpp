@@ -131,32 +131,27 @@ std::vector<RowTask> row_tasks(const std::vector<FfnWork>& ffns, int64_t n_rows,
   const int64_t total = n_rows * int64_t(ffns.size());
   int64_t chunk = std::max<int64_t>(16, total / (4 * int64_t(n_threads)) / 16 * 16);
   chunk = std::min(chunk, (n_rows + 15) / 16 * 16);
-  const int64_t tile_rows = CpuBackend::tile_rows(n_threads, [&](int64_t rows) {
-    int64_t n = 0;
-    for (const FfnWork& f : ffns) {
-      const int64_t n_tok = int64_t(f.tokens.size());
-      n += n_tok >= CpuBackend::kTileMinTokens
-               ? (n_rows + rows - 1) / rows * ((n_tok + CpuBackend::kTileTokens - 1) / CpuBackend::kTileTokens)
-               : (n_rows + chunk - 1) / chunk;
-    }
-    return n;
+  const bool any_tiled = std::any_of(ffns.begin(), ffns.end(), [](const FfnWork& f) {
+    return int64_t(f.tokens.size()) >= CpuBackend::kTileMinTokens;
   });
-  std::vector<RowTask> tasks;
-  for (size_t e = 0; e < ffns.size(); ++e) {
-    const int64_t n_tok = int64_t(ffns[e].tokens.size());
-    const bool tiled = n_tok >= CpuBackend::kTileMinTokens;
-    const int64_t rows = tiled ? tile_rows : chunk;
-    const int64_t toks = tiled ? CpuBackend::kTileTokens : n_tok;
-    for (int64_t t0 = 0; t0 < n_tok; t0 += toks)
-      for (int64_t r0 = 0; r0 < n_rows; r0 += rows)
-        tasks.push_back({int32_t(e), r0, std::min(n_rows, r0 + rows), t0, std::min(n_tok, t0 + toks)});
-  }
-  return tasks;
+  return CpuBackend::tiled_tasks(n_threads, any_tiled, [&](int64_t tile_rows) {
+    std::vector<RowTask> tasks;
+    for (size_t e = 0; e < ffns.size(); ++e) {
+      const int64_t n_tok = int64_t(ffns[e].tokens.size());
+      const bool tiled = n_tok >= CpuBackend::kTileMinTokens;
+      const int64_t rows = tiled ? tile_rows : chunk;
+      const int64_t toks = tiled ? CpuBackend::kTileTokens : n_tok;
+      for (int64_t t0 = 0; t0 < n_tok; t0 += toks)
+        for (int64_t r0 = 0; r0 < n_rows; r0 += rows)
+          tasks.push_back({int32_t(e), r0, std::min(n_rows, r0 + rows), t0, std::min(n_tok, t0 + toks)});
+    }
+    return tasks;
+  });
 }
 
 // Runs every FFN of the batch on compute_pool() in four dispatches: gate and up with the GLU (all
 // FFNs' row chunks taken from one counter), the activations' quantization, down, and the weighted
-// sum into out (per column chunk, FFNs in batch order, so the sum's order is fixed). h: [*][E]
+// sum into out (token by token, each token's FFNs in batch order, so the sum's order is fixed). h: [*][E]
 // rows, quantized once for the whole batch; every FFN's matrices share one type per role (the
 // stacks of a layer).
 void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const float* h,
