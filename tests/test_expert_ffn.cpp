@@ -211,6 +211,9 @@ TEST(ExpertFfn, MatchesThePerExpertReference) {
       {GgmlType::q4_k, GgmlType::q6_k, 7, true, false, GluKind::silu},
       {GgmlType::q8_0, GgmlType::q8_0, 37, true, true, GluKind::swiglu_oai},
       {GgmlType::q4_k, GgmlType::q6_k, 64, false, true, GluKind::silu},
+      // one expert with every token: several token blocks, each cut into several gate/up tiles
+      // (the last of them quantizes the block for down) and down tiles waiting on it
+      {GgmlType::q4_k, GgmlType::q6_k, 300, true, false, GluKind::silu},
   };
   for (size_t i = 0; i < std::size(cases); ++i) check(cases[i], seed + i);
 }

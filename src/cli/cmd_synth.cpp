@@ -20,6 +20,7 @@ struct SynthArgs {
   std::string output;
   std::string vocab;
   uint64_t seed = 1;
+  uint32_t layers = 0;  // 0: the shape's
   bool list = false;
 };
 
@@ -56,12 +57,22 @@ int run_synth(const SynthArgs& a) {
     std::fprintf(stderr, "strata synth: --shape, --quant and -o are required (or --list)\n");
     return 2;
   }
-  const SynthShape* shape = find_synth_shape(a.shape);
-  if (!shape) {
+  const SynthShape* found = find_synth_shape(a.shape);
+  if (!found) {
     std::fprintf(stderr, "strata synth: unknown shape '%s' (strata synth --list shows them)\n",
                  a.shape.c_str());
     return 2;
   }
+  SynthShape cut = *found;  // --layers: the first N layers (quick benchmarks of a big shape)
+  if (a.layers > 0) {
+    if (a.layers > found->n_layer || a.layers <= found->n_layer_dense) {
+      std::fprintf(stderr, "strata synth: --layers %u is outside %u..%u for %s\n", a.layers,
+                   found->n_layer_dense + 1, found->n_layer, a.shape.c_str());
+      return 2;
+    }
+    cut.n_layer = a.layers;
+  }
+  const SynthShape* shape = &cut;
   const auto quant = synth_quant_from_name(a.quant);
   if (!quant) {
     std::fprintf(stderr, "strata synth: unknown quant '%s' (q8_0, q4_k or mxfp4)\n",
@@ -121,6 +132,9 @@ Runner add_synth_command(CLI::App& app) {
   sub->add_option("--vocab", args->vocab,
                   "copy the tokenizer from this GGUF (n_vocab follows it; default: a generated "
                   "byte-level BPE vocabulary of the shape's size)");
+  sub->add_option("--layers", args->layers,
+                  "keep only the first N layers of the shape (a smaller file of the same layer "
+                  "shapes, for quick benchmarks)");
   sub->add_flag("--list", args->list, "list the shapes and their file sizes");
   return [args] { return run_synth(*args); };
 }

@@ -1,9 +1,12 @@
 #include "model/blocks.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <numeric>
+#include <thread>
 
 #include "base/profiler.h"
 #include "cpu/fp16.h"
@@ -118,42 +121,61 @@ void glu(const GluParams& p, float* g, const float* u, int64_t n) {
 }
 
 // A task: rows [r0, r1) of one FFN's matrix for its tokens [t0, t1) (indices into its token list).
+// `block` numbers the (FFN, token range) pairs of the batch: the gate/up tasks and the down tasks
+// of one FFN cut its tokens the same way, so a down task knows which gate/up tasks it waits for.
 struct RowTask {
-  int32_t ffn;
+  int32_t ffn, block;
   int64_t r0, r1, t0, t1;
 };
 
-// Cuts rows [0, n_rows) of every FFN into tasks, about four per thread over the whole batch (so
-// that one expert with many tokens and seven with one stay balanced), in multiples of 16 rows; an
-// FFN with many tokens is cut into L2-sized tiles of rows by tokens (CpuBackend::kTile*).
+// Cuts rows [0, n_rows) of every FFN into tasks, about kTasksPerThread per thread over the whole
+// batch (so that one expert with many tokens and seven with one stay balanced), in multiples of 16
+// rows; an FFN with many tokens is cut into L2-sized tiles of rows by tokens (CpuBackend::kTile*).
+constexpr int64_t kTasksPerThread = 4;
 std::vector<RowTask> row_tasks(const std::vector<FfnWork>& ffns, int64_t n_rows, int n_threads) {
   using cpu::CpuBackend;
   const int64_t total = n_rows * int64_t(ffns.size());
-  int64_t chunk = std::max<int64_t>(16, total / (4 * int64_t(n_threads)) / 16 * 16);
+  int64_t chunk = std::max<int64_t>(16, total / (kTasksPerThread * int64_t(n_threads)) / 16 * 16);
   chunk = std::min(chunk, (n_rows + 15) / 16 * 16);
   const bool any_tiled = std::any_of(ffns.begin(), ffns.end(), [](const FfnWork& f) {
     return int64_t(f.tokens.size()) >= CpuBackend::kTileMinTokens;
   });
   return CpuBackend::tiled_tasks(n_threads, any_tiled, [&](int64_t tile_rows) {
     std::vector<RowTask> tasks;
+    int32_t block = 0;
     for (size_t e = 0; e < ffns.size(); ++e) {
       const int64_t n_tok = int64_t(ffns[e].tokens.size());
       const bool tiled = n_tok >= CpuBackend::kTileMinTokens;
       const int64_t rows = tiled ? tile_rows : chunk;
       const int64_t toks = tiled ? CpuBackend::kTileTokens : n_tok;
-      for (int64_t t0 = 0; t0 < n_tok; t0 += toks)
+      for (int64_t t0 = 0; t0 < n_tok; t0 += toks, ++block)
         for (int64_t r0 = 0; r0 < n_rows; r0 += rows)
-          tasks.push_back({int32_t(e), r0, std::min(n_rows, r0 + rows), t0, std::min(n_tok, t0 + toks)});
+          tasks.push_back({int32_t(e), block, r0, std::min(n_rows, r0 + rows), t0, std::min(n_tok, t0 + toks)});
     }
     return tasks;
   });
 }
 
-// Runs every FFN of the batch on compute_pool() in four dispatches: gate and up with the GLU (all
-// FFNs' row chunks taken from one counter), the activations' quantization, down, and the weighted
-// sum into out (token by token, each token's FFNs in batch order, so the sum's order is fixed). h: [*][E]
-// rows, quantized once for the whole batch; every FFN's matrices share one type per role (the
-// stacks of a layer).
+// Waits until *flag is set by another pool thread (that thread is running the task that sets it).
+void wait_for(const std::atomic<int32_t>& flag) {
+  for (int spins = 0; !flag.load(std::memory_order_acquire); ++spins) {
+    if (spins < 4096) {
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+    } else {
+      std::this_thread::yield();  // the thread we wait for may have been descheduled
+    }
+  }
+}
+
+// Runs every FFN of the batch on compute_pool(): one dispatch for gate, up, GLU and down of all
+// FFNs (their row chunks taken from one counter), then the weighted sum into out (token by token,
+// each token's FFNs in batch order, so the sum's order is fixed). The gate/up task that finishes
+// the last rows of a token block quantizes that block's GLU output for down; down tasks come after
+// every gate/up task in the counter's order and wait for their block's quantized rows, so no
+// thread idles at a barrier between the halves. h: [*][E] rows, quantized once for the whole
+// batch; every FFN's matrices share one type per role (the stacks of a layer).
 void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const float* h,
               int64_t n_h, const GluParams& glu_p, float* out) {
   if (ffns.empty()) return;
@@ -198,19 +220,36 @@ void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const
       std::memcpy(&xg[(first[e] + i) * hg.row_bytes], hg.row(t), hg.row_bytes);
       if (!same_act) std::memcpy(&xu[(first[e] + i) * hu.row_bytes], hu.row(t), hu.row_bytes);
     }
-
-  // gate, up, GLU; a task that computed all F outputs of its tokens also quantizes them for down
-  // (decode: one task per expert), which saves a dispatch
-  const std::vector<RowTask> up_tasks = row_tasks(ffns, F, pool.size());
   const size_t ya_row = be.act_row_bytes(d0.type, F);
   ya.resize(n_rows * ya_row);
-  const bool whole_rows = std::all_of(up_tasks.begin(), up_tasks.end(),
-                                      [&](const RowTask& t) { return t.r0 == 0 && t.r1 == F; });
-  pool.run(int64_t(up_tasks.size()), [&](int64_t i, int) {
-    const RowTask& task = up_tasks[size_t(i)];
+
+  // gate/up tasks, then down tasks; per token block, the gate/up tasks still to finish and whether
+  // its GLU output is quantized for down
+  std::vector<RowTask> tasks = row_tasks(ffns, F, pool.size());
+  const size_t n_up = tasks.size();
+  const std::vector<RowTask> down_tasks = row_tasks(ffns, E, pool.size());
+  tasks.insert(tasks.end(), down_tasks.begin(), down_tasks.end());
+  const size_t n_blocks = size_t(tasks.back().block) + 1;
+  const auto left = std::make_unique<std::atomic<int32_t>[]>(n_blocks);
+  const auto ready = std::make_unique<std::atomic<int32_t>[]>(n_blocks);
+  for (size_t b = 0; b < n_blocks; ++b) left[b].store(0, std::memory_order_relaxed), ready[b].store(0, std::memory_order_relaxed);
+  for (size_t i = 0; i < n_up; ++i) left[size_t(tasks[i].block)].fetch_add(1, std::memory_order_relaxed);
+
+  pool.run(int64_t(tasks.size()), [&](int64_t i, int) {
+    const RowTask& task = tasks[size_t(i)];
     const FfnWork& f = ffns[size_t(task.ffn)];
     const size_t row0 = first[size_t(task.ffn)] + size_t(task.t0);  // batch row of token t0
     const int64_t n = task.t1 - task.t0;
+    if (size_t(i) >= n_up) {  // down (+ bias)
+      wait_for(ready[size_t(task.block)]);
+      const cpu::ActRows ae{ya.data() + row0 * ya_row, ya_row, n};
+      float* ye = &y[row0 * size_t(E) + size_t(task.r0)];
+      be.tile(f.down, task.r0, task.r1, ae, ye, E);
+      if (f.down_b)
+        for (int64_t t = 0; t < n; ++t) cpu::add(ye + t * E, f.down_b + task.r0, task.r1 - task.r0);
+      return;
+    }
+    // gate, up, GLU
     const cpu::ActRows xe{xg.data() + row0 * hg.row_bytes, hg.row_bytes, n};
     const cpu::ActRows xue = same_act ? xe : cpu::ActRows{xu.data() + row0 * hu.row_bytes, hu.row_bytes, n};
     const int64_t w = task.r1 - task.r0;
@@ -226,27 +265,13 @@ void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const
       if (f.up_b) cpu::add(ut, f.up_b + task.r0, w);
       glu(glu_p, gt, ut, w);
       std::copy_n(gt, w, &act[(row0 + size_t(t)) * size_t(F) + size_t(task.r0)]);
-      if (whole_rows) be.prepare_row(d0.type, gt, F, &ya[(row0 + size_t(t)) * ya_row]);
     }
-  });
-
-  // the activations, prepared for down (unless the gate/up tasks did it)
-  if (!whole_rows)
-    pool.run(int64_t(n_rows), [&](int64_t r, int) {
-      be.prepare_row(d0.type, &act[size_t(r) * size_t(F)], F, &ya[size_t(r) * ya_row]);
-    });
-
-  // down (+ bias)
-  const std::vector<RowTask> down_tasks = row_tasks(ffns, E, pool.size());
-  pool.run(int64_t(down_tasks.size()), [&](int64_t i, int) {
-    const RowTask& task = down_tasks[size_t(i)];
-    const FfnWork& f = ffns[size_t(task.ffn)];
-    const size_t row0 = first[size_t(task.ffn)] + size_t(task.t0);
-    const cpu::ActRows ae{ya.data() + row0 * ya_row, ya_row, task.t1 - task.t0};
-    float* ye = &y[row0 * size_t(E) + size_t(task.r0)];
-    be.tile(f.down, task.r0, task.r1, ae, ye, E);
-    if (f.down_b)
-      for (int64_t t = 0; t < ae.n_tok; ++t) cpu::add(ye + t * E, f.down_b + task.r0, task.r1 - task.r0);
+    // the block's last gate/up task (acq_rel: it sees the others' act rows) quantizes it for down
+    if (left[size_t(task.block)].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      for (int64_t t = 0; t < n; ++t)
+        be.prepare_row(d0.type, &act[(row0 + size_t(t)) * size_t(F)], F, &ya[(row0 + size_t(t)) * ya_row]);
+      ready[size_t(task.block)].store(1, std::memory_order_release);
+    }
   });
 
   // out[token] += scale * y over the token's FFNs in batch order (so the sum's order is fixed),
