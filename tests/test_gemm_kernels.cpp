@@ -360,7 +360,7 @@ TEST(GemmKernels, InterleavedMatchReference) {
     }
   });
   if (cpu::isa_supported(CpuIsa::avx512)) {
-    EXPECT_GE(kernels, 8) << "AVX-512 has Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, IQ4_NL, MXFP4 and BF16 interleaved kernels";
+    EXPECT_GE(kernels, 9) << "AVX-512 has Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, IQ4_NL, MXFP4, BF16 and F32 interleaved kernels";
   }
 }
 

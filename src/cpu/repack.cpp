@@ -20,6 +20,7 @@ InterleaveLayout interleave_layout(GgmlType type) {
     case GgmlType::iq4_nl: return {18, 2, 0, 2};
     case GgmlType::mxfp4: return {17, 1, 0, 4};
     case GgmlType::bf16: return {4, 0, 0, 1};  // a pair of elements
+    case GgmlType::f32: return {4, 0, 0, 1};   // one element
     default: return {};
   }
 }

@@ -21,7 +21,8 @@
 // 4, Q6_K a 2-byte tail (d) and units of 2: the heads or tails of a unit fill 64 bytes, so every
 // quant register is one aligned cache line. BF16's "block" is a pair of elements: register k holds
 // elements 2k and 2k + 1 of the 16 rows (oneDNN's BA16a16b2a weight layout when n_in and n_out
-// are multiples of 16). Only whole groups are interleaved: the last
+// are multiples of 16); F32's is one element (register k: element k of the 16 rows). Only whole
+// groups are interleaved: the last
 // n_out % 16 rows of each matrix stay as in the file, so Weight::row(r) still points at row r
 // there, and at the start of its group for r % 16 == 0. A type is interleaved only where the ISA
 // has a kernel that reads it (KernelTable::gemm_interleaved).

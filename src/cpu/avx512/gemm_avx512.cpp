@@ -1051,51 +1051,65 @@ void float_tokens(const float (*wt)[16], int64_t kk, const uint8_t* a, size_t a_
   }
 }
 
-// BF16, row-interleaved (cpu/repack.h): register k holds elements 2k, 2k + 1 of the 16 rows as
-// bf16 pairs; widened to float by a shift (even element) and a mask (odd), then one FMA each with
-// the broadcast activation. No transpose; one token block re-reads the group (from L2 after the
-// first). A software prefetch 4 KiB ahead as for the other decode kernels.
-template <int T>
-void bf16_interleaved_tokens(int64_t n, const uint8_t* group, const uint8_t* a, size_t a_stride, float* y,
-                             int64_t ldy) {
-  constexpr int kSets = T <= 2 ? 2 : 1;  // independent accumulator pairs per token (FMA latency)
-  const __m512i odd = _mm512_set1_epi32(int(0xFFFF0000u));
-  __m512 acc[T][2 * kSets];
+// BF16 and F32, row-interleaved (cpu/repack.h): register k holds elements 2k, 2k + 1 of the 16
+// rows as bf16 pairs (BF16: widened to float by a shift for the even element and a mask for the
+// odd one), or element k of the 16 rows (F32); one FMA per element with the broadcast activation.
+// No transpose; one token block re-reads the group (from L2 after the first). A software prefetch
+// 4 KiB ahead as for the other decode kernels.
+struct Bf16Pairs {
+  static constexpr int kPerReg = 2;  // elements per 64-byte register
+  static void expand(__m512i r, __m512 v[2]) {
+    v[0] = _mm512_castsi512_ps(_mm512_slli_epi32(r, 16));
+    v[1] = _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(int(0xFFFF0000u))));
+  }
+};
+struct F32Lanes {
+  static constexpr int kPerReg = 1;
+  static void expand(__m512i r, __m512 v[1]) { v[0] = _mm512_castsi512_ps(r); }
+};
+
+template <class W, int T>
+void float_interleaved_tokens(int64_t n, const uint8_t* group, const uint8_t* a, size_t a_stride, float* y,
+                              int64_t ldy) {
+  constexpr int P = W::kPerReg;
+  constexpr int kSets = T <= 2 ? 4 / P : 1;  // independent accumulators per token and element (FMA latency)
+  __m512 acc[T][P * kSets];
   for (int t = 0; t < T; ++t)
-    for (int j = 0; j < 2 * kSets; ++j) acc[t][j] = _mm512_setzero_ps();
+    for (int j = 0; j < P * kSets; ++j) acc[t][j] = _mm512_setzero_ps();
   auto step = [&](int64_t k, int set) {
     const uint8_t* p = group + 64 * size_t(k);
     _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchAhead32, _MM_HINT_T0);
-    const __m512i r = load64(p);
-    const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(r, 16));
-    const __m512 hi = _mm512_castsi512_ps(_mm512_and_si512(r, odd));
+    __m512 v[P];
+    W::expand(load64(p), v);
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
-      float x[2];
-      std::memcpy(x, a + size_t(t) * a_stride + size_t(k) * 2 * sizeof(float), sizeof x);
-      acc[t][2 * set] = _mm512_fmadd_ps(lo, _mm512_set1_ps(x[0]), acc[t][2 * set]);
-      acc[t][2 * set + 1] = _mm512_fmadd_ps(hi, _mm512_set1_ps(x[1]), acc[t][2 * set + 1]);
+      float x[P];
+      std::memcpy(x, a + size_t(t) * a_stride + size_t(k) * P * sizeof(float), sizeof x);
+      for (int e = 0; e < P; ++e)
+        acc[t][P * set + e] = _mm512_fmadd_ps(v[e], _mm512_set1_ps(x[e]), acc[t][P * set + e]);
     }
   };
-  const int64_t np = n / 2;
+  const int64_t nr = n / P;
   int64_t k = 0;
-  for (; k + kSets <= np; k += kSets)
+  for (; k + kSets <= nr; k += kSets)
     for (int set = 0; set < kSets; ++set) step(k + set, set);
-  for (; k < np; ++k) step(k, 0);
+  for (; k < nr; ++k) step(k, 0);
   for (int t = 0; t < T; ++t) {
-    __m512 sum = _mm512_add_ps(acc[t][0], acc[t][1]);
-    for (int j = 2; j < 2 * kSets; ++j) sum = _mm512_add_ps(sum, acc[t][j]);
+    __m512 sum = acc[t][0];
+    for (int j = 1; j < P * kSets; ++j) sum = _mm512_add_ps(sum, acc[t][j]);
     _mm512_storeu_ps(y + t * ldy, sum);
   }
 }
 
-void gemm_bf16_interleaved(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
-                           int64_t n_tok, float* y, int64_t ldy) {
+template <class W>
+void gemm_float_interleaved(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
+                            int64_t n_tok, float* y, int64_t ldy) {
   const auto* ab = static_cast<const uint8_t*>(a);
   for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
     const uint8_t* group = static_cast<const uint8_t*>(w) + size_t(r0) * w_stride;
     for_token_blocks(n_tok, [&](auto T, int64_t t0) {
-      bf16_interleaved_tokens<decltype(T)::value>(n, group, ab + size_t(t0) * a_stride, a_stride, y + t0 * ldy + r0, ldy);
+      float_interleaved_tokens<W, decltype(T)::value>(n, group, ab + size_t(t0) * a_stride, a_stride,
+                                                       y + t0 * ldy + r0, ldy);
     });
   }
 }
@@ -1158,7 +1172,8 @@ void add_avx512_gemm_interleaved(GemmFn* gemm) {
   gemm[size_t(GgmlType::q4_0)] = gemm_32<InterleavedRows32<Q4_0Interleaved>>;
   gemm[size_t(GgmlType::iq4_nl)] = gemm_32<InterleavedRows32<Iq4NlInterleaved>>;
   gemm[size_t(GgmlType::mxfp4)] = gemm_32<InterleavedRows32<Mxfp4Interleaved>>;
-  gemm[size_t(GgmlType::bf16)] = gemm_bf16_interleaved;
+  gemm[size_t(GgmlType::bf16)] = gemm_float_interleaved<Bf16Pairs>;
+  gemm[size_t(GgmlType::f32)] = gemm_float_interleaved<F32Lanes>;
 }
 
 }  // namespace detail
