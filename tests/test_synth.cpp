@@ -652,6 +652,15 @@ TEST(SynthCli, WritesTinyAndRejectsBadArguments) {
                         "cannot create");
   expect_one_line_error("synth --shape tiny --quant q8_0 --vocab " + out + ".missing -o " + out,
                         "--vocab");
+
+  // --layers N: the first N layers of the shape
+  const std::string cut = (dir / "tiny-1l.gguf").string();
+  ASSERT_EQ(test::run_cli("synth --shape tiny --quant q8_0 --layers 1 -o " + cut, &log), 0) << log;
+  auto g = GgufFile::open(cut);
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  EXPECT_NE(g->find_tensor("blk.0.ffn_up_exps.weight"), nullptr);
+  EXPECT_EQ(g->find_tensor("blk.1.ffn_up_exps.weight"), nullptr);
+  expect_one_line_error("synth --shape tiny --quant q8_0 --layers 999 -o " + cut, "--layers 999 is outside");
 }
 
 }  // namespace
