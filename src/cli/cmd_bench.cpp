@@ -47,7 +47,7 @@ struct Test {
 struct TestResult {
   Test test;
   std::vector<double> tok_per_s;
-  double limit_fraction = 0;  // of the probe taken before the last repetition
+  double limit_fraction = 0;  // of the mean of the probes taken around the last repetition
   std::string limit_text;
   std::string profile_text;
 };
@@ -141,8 +141,11 @@ int run_bench(const BenchOptions& o) {
           if (!l) return fail(l.error().message);
         }
       }
-      // the machine's limit just before the timed part
-      const double limit = t.prefill ? cpu::measure_int8_peak_gops(pool) : cpu::measure_read_gbps(pool);
+      // the machine's limit around the timed part: probed just before and just after, the mean
+      // taken (this VM's bandwidth moves by 2x within minutes; one probe before a run that lasts
+      // seconds missed phase changes in both directions)
+      auto probe = [&] { return t.prefill ? cpu::measure_int8_peak_gops(pool) : cpu::measure_read_gbps(pool); };
+      const double limit_before = probe();
       prof::reset();
       prof::enable(o.profile);
       const auto t0 = std::chrono::steady_clock::now();
@@ -165,6 +168,7 @@ int run_bench(const BenchOptions& o) {
       }
       const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       prof::enable(false);
+      const double limit = 0.5 * (limit_before + probe());
       r.tok_per_s.push_back(double(t.n) * (t.prefill ? 1 : t.streams) / sec);
       if (t.prefill) {
         // 2 ops per weight per token; the output head runs for the last token only
