@@ -131,6 +131,12 @@ const int kRegistered = [] {
           ->MinTime(1.0);
     }
   }
+  // a MoE router (qwen3-30b-a3b: 2048 -> 128 experts, f32): one small matrix per layer and token
+  benchmark::RegisterBenchmark("BM_matmul_backend/f32/router_2048in_128out", BM_matmul_backend, GgmlType::f32,
+                               int64_t(2048), int64_t(128))
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime()
+      ->MinTime(1.0);
   return 0;
 }();
 
