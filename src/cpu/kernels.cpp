@@ -23,6 +23,7 @@ KernelTable reference_table() {
     t.quantize_row[size_t(a)] = quant_traits(a).from_float;
   t.sgemm = detail::sgemm_ref;
   t.exp_sum = detail::exp_sum_ref;
+  t.silu_mul = detail::silu_mul_ref;
   t.half_to_float = detail::half_to_float_ref;
   return t;
 }
@@ -37,6 +38,7 @@ KernelTable build_table(CpuIsa isa) {
     detail::add_avx2_gemm(t.gemm.data());
     t.sgemm = detail::sgemm_avx2;
     t.exp_sum = detail::exp_sum_avx2;
+    t.silu_mul = detail::silu_mul_avx2;
     t.half_to_float = detail::half_to_float_avx2;
   }
   if (isa >= CpuIsa::avx512) {
@@ -45,6 +47,7 @@ KernelTable build_table(CpuIsa isa) {
     detail::add_avx512_gemm_interleaved(t.gemm_interleaved.data());
     t.sgemm = detail::sgemm_avx512;
     t.exp_sum = detail::exp_sum_avx512;
+    t.silu_mul = detail::silu_mul_avx512;
     t.half_to_float = detail::half_to_float_avx512;
   }
 #endif
@@ -61,6 +64,10 @@ void detail::sgemm_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t 
       for (int64_t k = 0; k < K; ++k) s += double(A[m * lda + k]) * double(B[k * ldb + n]);
       C[m * ldc + n] = float(s);
     }
+}
+
+void detail::silu_mul_ref(float* g, const float* u, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
 void detail::half_to_float_ref(const uint16_t* x, float* y, int64_t n) {

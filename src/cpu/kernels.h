@@ -54,6 +54,10 @@ using SgemmFn = void (*)(int64_t M, int64_t N, int64_t K, const float* A, int64_
 // error a few float ulps, as ggml's vectorised expf).
 using ExpSumFn = float (*)(const float* x, float* y, int64_t n, float max);
 
+// g[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i] for i < n: SwiGLU's gate (the SIMD
+// variants use exp_sum's polynomial exp; within 1e-6 relative of the double-precision formula).
+using SiluMulFn = void (*)(float* g, const float* u, int64_t n);
+
 // y[i] = the IEEE half x[i] as a float, for i < n (exact: every half is a float). The f16 KV
 // cache is read through it.
 using HalfToFloatFn = void (*)(const uint16_t* x, float* y, int64_t n);
@@ -76,6 +80,7 @@ struct KernelTable {
   std::array<GemmFn, kKernelTypeCount> gemm_interleaved{};
   SgemmFn sgemm = nullptr;  // never null
   ExpSumFn exp_sum = nullptr;  // never null
+  SiluMulFn silu_mul = nullptr;  // never null
   HalfToFloatFn half_to_float = nullptr;  // never null
 
   VecDotFn dot(GgmlType weight) const { return vec_dot[size_t(weight)]; }
@@ -137,6 +142,9 @@ void half_to_float_avx2(const uint16_t* x, float* y, int64_t n);
 void half_to_float_avx512(const uint16_t* x, float* y, int64_t n);
 float exp_sum_avx2(const float* x, float* y, int64_t n, float max);
 float exp_sum_avx512(const float* x, float* y, int64_t n, float max);
+void silu_mul_ref(float* g, const float* u, int64_t n);
+void silu_mul_avx2(float* g, const float* u, int64_t n);
+void silu_mul_avx512(float* g, const float* u, int64_t n);
 }  // namespace detail
 
 }  // namespace strata::cpu

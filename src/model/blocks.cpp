@@ -108,9 +108,12 @@ struct FfnWork {
 // act(g) * u, in place in g.
 void glu(const GluParams& p, float* g, const float* u, int64_t n) {
   switch (p.kind) {
-    case GluKind::silu:
-      for (int64_t i = 0; i < n; ++i) g[i] = cpu::silu(g[i]) * u[i];
+    case GluKind::silu: {
+      // SIMD exp (as ggml's vectorised silu): the MoE FFN of a 512-token prefill 0.5% faster
+      static const cpu::SiluMulFn silu_mul = cpu::cpu_kernels().silu_mul;
+      silu_mul(g, u, n);
       break;
+    }
     case GluKind::swiglu_oai:
       for (int64_t i = 0; i < n; ++i) {
         const float x = std::min(g[i], p.limit), y = std::clamp(u[i], -p.limit, p.limit);

@@ -3,6 +3,7 @@
 // copy of the block's B columns and C cells; row tails use fewer rows.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -117,6 +118,22 @@ float exp_sum_avx2(const float* x, float* y, int64_t n, float max) {
     s += out[0];
   }
   return s;
+}
+
+void silu_mul_avx2(float* g, const float* u, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  auto silu_mul8 = [&](__m256 x, __m256 y) {
+    return _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), x)))), y);
+  };
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(g + i, silu_mul8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+  if (i < n) {
+    alignas(32) float x[8] = {}, y[8] = {}, out[8];
+    std::copy(g + i, g + n, x);
+    std::copy(u + i, u + n, y);
+    _mm256_store_ps(out, silu_mul8(_mm256_load_ps(x), _mm256_load_ps(y)));
+    std::copy(out, out + (n - i), g + i);
+  }
 }
 
 void half_to_float_avx2(const uint16_t* x, float* y, int64_t n) {
