@@ -76,8 +76,11 @@ Routing route(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& 
       }
     }
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int a, int b) { return select[size_t(a)] > select[size_t(b)]; });
+    // the k best, ties to the lower id (what a stable sort of all n_exp gives; this is 0.8% of a
+    // prefill less)
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) {
+      return select[size_t(a)] > select[size_t(b)] || (select[size_t(a)] == select[size_t(b)] && a < b);
+    });
     for (int j = 0; j < k; ++j) chosen[size_t(j)] = prob[size_t(order[size_t(j)])];
     if (hp.gating == Gating::softmax_topk) cpu::softmax(chosen.data(), k);
     float sum = 0;
