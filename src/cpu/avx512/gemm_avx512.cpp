@@ -377,7 +377,6 @@ void q45K_tokens(const TileQ45K* tiles, int64_t np, const uint8_t* a, size_t a_s
 // 256 MiB stack).
 constexpr size_t kPrefetchAhead = 2 * kRows * sizeof(block_q4_K);
 
-
 // Decode (one token) on interleaved Q4_K: straight from the weights to the 16 rows' sums, with
 // no tile in between. Register j of a group's super-block is dword j of each of its 16 rows
 // (cpu/repack.h): dword 0 = d | dmin << 16, 1..3 = the packed scales, 4 + 8h + m = qs bytes
