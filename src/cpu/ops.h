@@ -102,8 +102,6 @@ void softmax(float* x, int64_t n);
 // x[i] = exp(x[i] - max) in place; returns their sum (kernels.h ExpSumFn).
 float exp_sum(float* x, int64_t n, float max);
 
-inline float silu(float x) { return x / (1.0f + __builtin_expf(-x)); }
-
 // RoPE. A head of `head_dim` values; the first `n_rot` are rotated (the rest pass through).
 // NEOX pairs (i, i + n_rot/2); NORM pairs (2i, 2i+1). Angle for pair i: pos * base^(-2i/n_rot),
 // with YaRN when yarn.factor > 1 (ggml's rope_yarn; see ../shared/fixtures/README.md).

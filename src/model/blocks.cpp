@@ -162,9 +162,9 @@ std::vector<RowTask> row_tasks(const std::vector<FfnWork>& ffns, int64_t n_rows,
   });
 }
 
-// Waits until *flag is set by another pool thread (that thread is running the task that sets it).
-void wait_for(const std::atomic<int32_t>& flag) {
-  for (int spins = 0; !flag.load(std::memory_order_acquire); ++spins) {
+// Waits until v holds `value`, stored by another pool thread (which is running the task that stores it).
+void wait_for(const std::atomic<int32_t>& v, int32_t value) {
+  for (int spins = 0; v.load(std::memory_order_acquire) != value; ++spins) {
     if (spins < 4096) {
 #if defined(__x86_64__)
       __builtin_ia32_pause();
@@ -229,16 +229,15 @@ void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const
   const size_t ya_row = be.act_row_bytes(d0.type, F);
   ya.resize(n_rows * ya_row);
 
-  // gate/up tasks, then down tasks; per token block, the gate/up tasks still to finish and whether
-  // its GLU output is quantized for down
+  // gate/up tasks, then down tasks; per token block, the gate/up tasks still to finish, then
+  // kQuantized once its GLU output is quantized for down (value-initialised: 0)
   std::vector<RowTask> tasks = row_tasks(ffns, F, pool.size());
   const size_t n_up = tasks.size();
   const std::vector<RowTask> down_tasks = row_tasks(ffns, E, pool.size());
   tasks.insert(tasks.end(), down_tasks.begin(), down_tasks.end());
   const size_t n_blocks = size_t(tasks.back().block) + 1;
+  constexpr int32_t kQuantized = -1;
   const auto left = std::make_unique<std::atomic<int32_t>[]>(n_blocks);
-  const auto ready = std::make_unique<std::atomic<int32_t>[]>(n_blocks);
-  for (size_t b = 0; b < n_blocks; ++b) left[b].store(0, std::memory_order_relaxed), ready[b].store(0, std::memory_order_relaxed);
   for (size_t i = 0; i < n_up; ++i) left[size_t(tasks[i].block)].fetch_add(1, std::memory_order_relaxed);
 
   pool.run(int64_t(tasks.size()), [&](int64_t i, int) {
@@ -247,7 +246,7 @@ void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const
     const size_t row0 = first[size_t(task.ffn)] + size_t(task.t0);  // batch row of token t0
     const int64_t n = task.t1 - task.t0;
     if (size_t(i) >= n_up) {  // down (+ bias)
-      wait_for(ready[size_t(task.block)]);
+      wait_for(left[size_t(task.block)], kQuantized);
       const cpu::ActRows ae{ya.data() + row0 * ya_row, ya_row, n};
       float* ye = &y[row0 * size_t(E) + size_t(task.r0)];
       be.tile(f.down, task.r0, task.r1, ae, ye, E);
@@ -276,7 +275,7 @@ void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const
     if (left[size_t(task.block)].fetch_sub(1, std::memory_order_acq_rel) == 1) {
       for (int64_t t = 0; t < n; ++t)
         be.prepare_row(d0.type, &act[(row0 + size_t(t)) * size_t(F)], F, &ya[(row0 + size_t(t)) * ya_row]);
-      ready[size_t(task.block)].store(1, std::memory_order_release);
+      left[size_t(task.block)].store(kQuantized, std::memory_order_release);
     }
   });
 
