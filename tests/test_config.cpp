@@ -210,12 +210,14 @@ TEST(Config, BudgetsAgainstTheMachineAndTheModel) {
   r = check_budgets(config("[budgets]\nram = \"32GiB\""), s, kv, mem, 0);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->load, MappedFile::Mode::ram);
-  // only part of the experts fit: mapped, with a note that says the NVMe tier is not built
+  // only part of the experts fit: the NVMe tier streams them (the file is mapped for the header),
+  // with a cache of what the budget leaves, and a note that says so
   r = check_budgets(config("[budgets]\nram = \"8GiB\""), s, kv, mem, 0);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->load, MappedFile::Mode::mmap);
+  EXPECT_EQ(r->expert_cache_bytes, (8ull << 30) - (2ull << 30) - kv - kRamOverhead);
   ASSERT_EQ(r->notes.size(), 1u);
-  EXPECT_NE(r->notes[0].find("#6"), std::string::npos);
+  EXPECT_NE(r->notes[0].find("NVMe tier"), std::string::npos) << r->notes[0];
   // ... unless the config insists on ram
   r = check_budgets(config("[budgets]\nram = \"8GiB\"\n[model]\nload = \"ram\""), s, kv, mem, 0);
   ASSERT_FALSE(r);

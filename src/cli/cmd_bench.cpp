@@ -20,6 +20,8 @@
 #include "cpu/kernels.h"
 #include "cpu/thread_pool.h"
 #include "engine/session.h"
+#include "storage/disk_probe.h"
+#include "storage/expert_store.h"
 
 namespace strata::cli {
 namespace {
@@ -50,7 +52,34 @@ struct TestResult {
   double limit_fraction = 0;  // of the mean of the probes taken around the last repetition
   std::string limit_text;
   std::string profile_text;
+  // NVMe tier (streamed experts), last repetition
+  double ram_hit_rate = 1, nvme_bytes_per_token = 0, nvme_gbps = 0, nvme_wait_per_token = 0;
+  std::string nvme_text;
 };
+
+// The NVMe tier's figures of one run: hit rate, bytes read per token, achieved read rate against
+// the probe, time the compute threads waited, and the look-ahead's precision and recall.
+void nvme_figures(const ExpertStoreStats& st, double tokens, double probe_gbps, TestResult& r) {
+  r.ram_hit_rate = st.hit_rate();
+  r.nvme_bytes_per_token = double(st.bytes_read) / tokens;
+  r.nvme_gbps = st.read_gbps();
+  r.nvme_wait_per_token = st.wait_seconds / tokens;
+  r.nvme_text = strfmt("NVMe: RAM hit rate %.3f, %s read per token (%.1f experts: %.1f on demand, %.1f prefetched, "
+                       "%.0f%% of those used), %.2f GB/s while reading = %.2f of the probe's %.2f GB/s; compute "
+                       "waited %.1f ms per token",
+                       r.ram_hit_rate, format_bytes(r.nvme_bytes_per_token).c_str(),
+                       double(st.demand_reads + st.prefetch_reads) / tokens, double(st.demand_reads) / tokens,
+                       double(st.prefetch_reads) / tokens,
+                       st.prefetch_reads ? 100.0 * double(st.prefetch_used) / double(st.prefetch_reads) : 0.0,
+                       r.nvme_gbps, probe_gbps > 0 ? r.nvme_gbps / probe_gbps : 0.0, probe_gbps,
+                       1e3 * r.nvme_wait_per_token);
+  for (size_t d = 0; d < st.predicted.size(); ++d) {
+    if (st.predicted[d] == 0) continue;
+    r.nvme_text += strfmt("; look-ahead %zu: precision %.2f recall %.2f", d + 1,
+                          double(st.predicted_right[d]) / double(st.predicted[d]),
+                          double(st.predicted_right[d]) / double(std::max<int64_t>(1, st.chosen[d])));
+  }
+}
 
 double mean(const std::vector<double>& v) {
   double s = 0;
@@ -113,6 +142,22 @@ int run_bench(const BenchOptions& o) {
   const double params = double(sm.n_params) / 1e9;
   std::mt19937 rng(1234);
   std::vector<TestResult> results;
+  // NVMe tier: the disk's rate for reads like the store's (O_DIRECT, random 1 MiB blocks of the
+  // model file, same queue depth), the yardstick of its achieved rate
+  ExpertStore* store = m.expert_store.get();
+  double nvme_probe_gbps = 0;
+  if (store != nullptr) {
+    storage::DiskProbeOptions po;
+    po.path = loaded->config.model_path;
+    po.queue_depth = loaded->config.queue_depth;
+    po.access = storage::DiskAccess::random;
+    po.seconds = 3;
+    auto probe = storage::measure_disk_read(po);
+    if (!probe) return fail(probe.error().message);
+    nvme_probe_gbps = probe->gbps;
+    std::fprintf(stderr, "strata bench: disk probe of the model file: %.2f GB/s (%s, random 1 MiB reads, queue depth %d)%s%s\n",
+                 probe->gbps, probe->method.c_str(), po.queue_depth, probe->note.empty() ? "" : "; ", probe->note.c_str());
+  }
   if (!o.json) {
     std::printf("| %-28s | %10s | %8s | %-10s | %7s | %8s | %20s | %-34s |\n", "model", "size", "params", "backend",
                 "threads", "test", "t/s", "of the machine's limit");
@@ -146,6 +191,7 @@ int run_bench(const BenchOptions& o) {
       // seconds missed phase changes in both directions)
       auto probe = [&] { return t.prefill ? cpu::measure_int8_peak_gops(pool) : cpu::measure_read_gbps(pool); };
       const double limit_before = probe();
+      if (store != nullptr) store->reset_stats();
       prof::reset();
       prof::enable(o.profile);
       const auto t0 = std::chrono::steady_clock::now();
@@ -184,12 +230,14 @@ int run_bench(const BenchOptions& o) {
         r.limit_text = strfmt("%.1f GB/s = %.2f of DRAM %.1f GB/s", gbs, r.limit_fraction, limit);
       }
       if (o.profile) r.profile_text = profile_line(t.n);
+      if (store != nullptr) nvme_figures(store->stats(), double(t.n) * (t.prefill ? 1 : t.streams), nvme_probe_gbps, r);
     }
     if (!o.json) {
       std::printf("| %-28s | %10s | %6.2f B | %-10s | %7d | %8s | %10.2f ± %7.2f | %-34s |\n", model_name.substr(0, 28).c_str(),
                   format_size(sm.n_bytes).c_str(), params, backend.c_str(), pool.size(), t.name().c_str(), mean(r.tok_per_s),
                   stddev(r.tok_per_s), r.limit_text.c_str());
       if (o.profile) std::printf("    %s\n", r.profile_text.c_str());
+      if (store != nullptr) std::printf("    %s\n", r.nvme_text.c_str());
       std::fflush(stdout);
     }
     results.push_back(std::move(r));
@@ -212,7 +260,14 @@ int run_bench(const BenchOptions& o) {
                      {"stddev_ts", stddev(r.tok_per_s)},
                      {"samples_ts", r.tok_per_s},
                      {"limit_fraction", r.limit_fraction},
-                     {"limit", r.limit_text}});
+                     {"limit", r.limit_text},
+                     {"prefill_tps", r.test.prefill ? mean(r.tok_per_s) : 0.0},
+                     {"decode_tps", r.test.prefill ? 0.0 : mean(r.tok_per_s)},
+                     {"ram_hit_rate", r.ram_hit_rate},
+                     {"nvme_bytes_per_token", r.nvme_bytes_per_token},
+                     {"nvme_gbps", r.nvme_gbps},
+                     {"nvme_probe_gbps", nvme_probe_gbps},
+                     {"nvme_wait_s_per_token", r.nvme_wait_per_token}});
     }
     std::printf("%s\n", arr.dump(2).c_str());
   } else {

@@ -1,11 +1,13 @@
 #include "cli/common.h"
 
 #include <chrono>
+#include <cinttypes>
 #include <cstdio>
 #include <map>
 
 #include "cpu/thread_pool.h"
 #include "gpu/gpu_devices.h"
+#include "storage/expert_store.h"
 
 namespace strata::cli {
 
@@ -75,9 +77,25 @@ Result<Loaded> load_model(const CommonOptions& o, const char* cmd) {
 
   if (c.threads > 0) cpu::set_compute_threads(c.threads);
   cpu::set_compute_pin(c.pin);
-  auto m = Model::load(c.model_path, budget->load, c.repack);
+  const bool stream = budget->expert_cache_bytes > 0;
+  auto m = Model::load(c.model_path, budget->load, c.repack, stream);
   if (!m) return m.error();
   std::string how = (*m)->file().load_mode() == MappedFile::Mode::ram ? "read into RAM" : "mapped";
+  if (stream) {
+    ExpertStoreOptions so;
+    so.cache_bytes = budget->expert_cache_bytes;
+    so.queue_depth = c.queue_depth;
+    so.prefetch_depth = c.prefetch_depth;
+    so.policy.kind = *parse_cache_policy(c.cache_policy);  // the config accepts only known names
+    so.repack = c.repack;
+    auto store = ExpertStore::open(**m, c.model_path, so);
+    if (!store) return store.error();
+    (*m)->expert_store = std::move(*store);
+    const ExpertStore& st = *(*m)->expert_store;
+    how = strfmt("%s resident, routed experts streamed: %" PRId64 " slots of %.1f MiB, %s",
+                 format_bytes(double((*m)->resident_bytes)).c_str(), st.n_slots(), double(st.slot_bytes()) / 0x1p20,
+                 std::string(st.read_method()).c_str());
+  }
   if ((*m)->repacked_bytes > 0)
     how += strfmt(", %s repacked in %.2f s", format_bytes(double((*m)->repacked_bytes)).c_str(), (*m)->repack_seconds);
   std::fprintf(stderr, "%s: loaded %s (%s, %s) in %.2f s (%s), %d threads%s\n", cmd, c.model_path.c_str(),

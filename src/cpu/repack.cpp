@@ -58,9 +58,31 @@ void for_each_piece(GgmlType type, size_t row_bytes, Fn&& fn, int only = -1) {
 }  // namespace
 
 void interleave_group(GgmlType type, const uint8_t* src, size_t row_bytes, uint8_t* dst) {
-  for_each_piece(type, row_bytes, [&](size_t i, size_t in_row, size_t in_group, size_t n) {
-    std::memcpy(dst + in_group, src + i * row_bytes + in_row, n);
-  });
+  // for_each_piece's order, specialised: each 64-byte register of dwords written whole from the 16
+  // rows: 3.7 -> 12-15 GB/s for a Q4_K / Q6_K expert matrix in L2 (the NVMe tier interleaves every
+  // expert it reads)
+  const InterleaveLayout l = interleave_layout(type);
+  STRATA_CHECK(l.block != 0 && row_bytes % l.block == 0, "no interleaved layout for this type");
+  constexpr size_t R = kInterleaveRows;
+  const size_t nd = (l.block - l.head - l.tail) / 4, nb = row_bytes / l.block;
+  for (size_t b = 0; b < nb; b += l.unit) {
+    const size_t m = std::min(l.unit, nb - b), base = b * l.block * R;
+    const size_t dwords = base + R * m * l.head, tails = dwords + 64 * m * nd;
+    for (size_t j = 0; j < m; ++j) {
+      const uint8_t* blk = src + (b + j) * l.block;
+      for (size_t i = 0; i < R; ++i) {
+        if (l.head) std::memcpy(dst + base + (R * j + i) * l.head, blk + i * row_bytes, l.head);
+        if (l.tail) std::memcpy(dst + tails + (R * j + i) * l.tail, blk + i * row_bytes + l.head + 4 * nd, l.tail);
+      }
+      uint8_t* out = dst + dwords + 64 * j * nd;
+      const uint8_t* in = blk + l.head;
+      for (size_t k = 0; k < nd; ++k, out += 64, in += 4) {
+        uint32_t reg[R];
+        for (size_t i = 0; i < R; ++i) std::memcpy(&reg[i], in + i * row_bytes, 4);
+        std::memcpy(out, reg, 64);
+      }
+    }
+  }
 }
 
 void deinterleave_row(GgmlType type, const uint8_t* group, size_t row_bytes, int i, uint8_t* dst) {
@@ -70,14 +92,14 @@ void deinterleave_row(GgmlType type, const uint8_t* group, size_t row_bytes, int
       i);
 }
 
-void interleave(Weight& w, uint8_t* data) {
+void interleave(Weight& w, uint8_t* data, bool on_pool) {
   STRATA_CHECK(data == w.data && can_interleave(w));
   const int64_t groups_per_mat = w.n_out / kInterleaveRows;
   const int64_t n_groups = groups_per_mat * w.n_mat;
   const size_t group_bytes = w.row_bytes * kInterleaveRows;
   const int64_t per_task = std::max<int64_t>(1, (int64_t(1) << 20) / int64_t(group_bytes));  // ~1 MiB
   const Weight& cw = w;
-  compute_pool().run((n_groups + per_task - 1) / per_task, [&](int64_t task, int) {
+  auto task = [&](int64_t task, int) {
     thread_local std::vector<uint8_t> tmp;
     tmp.resize(group_bytes);
     for (int64_t g = task * per_task; g < std::min(n_groups, (task + 1) * per_task); ++g) {
@@ -86,7 +108,13 @@ void interleave(Weight& w, uint8_t* data) {
       std::memcpy(tmp.data(), p, group_bytes);
       interleave_group(cw.type, tmp.data(), cw.row_bytes, p);
     }
-  });
+  };
+  const int64_t n_tasks = (n_groups + per_task - 1) / per_task;
+  if (on_pool) {
+    compute_pool().run(n_tasks, task);
+  } else {
+    for (int64_t i = 0; i < n_tasks; ++i) task(i, 0);
+  }
   w.interleaved = true;
 }
 

@@ -48,9 +48,10 @@ InterleaveLayout interleave_layout(GgmlType type);
 // kernel and a layout, at least one whole group. (False once it is interleaved.)
 bool can_interleave(const Weight& w);
 
-// In place: every whole group of every matrix of the stack interleaved, on compute_pool().
-// `data` must be writable and be w.data. Sets w.interleaved. Precondition: can_interleave(w).
-void interleave(Weight& w, uint8_t* data);
+// In place: every whole group of every matrix of the stack interleaved, on compute_pool() (or on
+// the calling thread: the NVMe tier's reader threads, while the pool computes). `data` must be
+// writable and be w.data. Sets w.interleaved. Precondition: can_interleave(w).
+void interleave(Weight& w, uint8_t* data, bool on_pool = true);
 
 // 16 rows of row_bytes each (src, contiguous) -> the group layout of `type` (dst). No overlap.
 void interleave_group(GgmlType type, const uint8_t* src, size_t row_bytes, uint8_t* dst);

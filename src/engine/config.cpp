@@ -373,17 +373,25 @@ Result<BudgetCheck> check_budgets(const Config& c, const ModelSummary& s, uint64
     }
     out.notes.push_back("budgets.vram: the GPU tier is not built yet (issue #7); everything runs on the CPU");
   }
-  if (!c.ram_budget) return out;
-  const uint64_t budget = *c.ram_budget;
-  if (mem.total > 0 && budget > mem.total) {
-    return Error{where + "budgets.ram is " + format_size(budget) + " but this machine has " +
-                 format_size(mem.total) + " of RAM"};
-  }
   const uint64_t fixed = s.n_bytes - s.expert_bytes_total;  // read by every token
-  if (fixed + kv_bytes > budget) {
-    return Error{where + "budgets.ram is " + format_size(budget) + ", less than the fixed part: " +
-                 format_size(fixed) + " of weights every token reads + " + format_size(kv_bytes) +
-                 " of KV cache = " + format_size(fixed + kv_bytes) + " (raise budgets.ram or lower model.ctx)"};
+  uint64_t budget = 0;
+  if (c.ram_budget) {
+    budget = *c.ram_budget;
+    if (mem.total > 0 && budget > mem.total) {
+      return Error{where + "budgets.ram is " + format_size(budget) + " but this machine has " +
+                   format_size(mem.total) + " of RAM"};
+    }
+    if (fixed + kv_bytes > budget) {
+      return Error{where + "budgets.ram is " + format_size(budget) + ", less than the fixed part: " +
+                   format_size(fixed) + " of weights every token reads + " + format_size(kv_bytes) +
+                   " of KV cache = " + format_size(fixed + kv_bytes) + " (raise budgets.ram or lower model.ctx)"};
+    }
+  } else {
+    // "auto": the memory available now; the NVMe tier takes over only when the model does not fit
+    // in it at all (a model that merely crowds the page cache is still read or mapped whole)
+    if (mem.available == 0 || s.n_bytes + kv_bytes <= mem.available || s.expert_bytes_total == 0) return out;
+    budget = mem.available / 10 * 8;
+    if (fixed + kv_bytes + kRamOverhead > budget) return out;  // too little to stream: map it
   }
   if (s.n_bytes + kv_bytes <= budget) {
     if (out.load == MappedFile::Mode::automatic) out.load = MappedFile::Mode::ram;
@@ -394,10 +402,22 @@ Result<BudgetCheck> check_budgets(const Config& c, const ModelSummary& s, uint64
                  format_size(kv_bytes) + " of KV cache in RAM, more than budgets.ram (" + format_size(budget) + ")"};
   }
   out.load = MappedFile::Mode::mmap;
-  out.notes.push_back("budgets.ram holds " + format_size(budget - fixed - kv_bytes) + " of the " +
-                      format_size(s.expert_bytes_total) +
-                      " of routed experts; the NVMe tier that streams the rest is not built yet (issue #6): "
-                      "the file is mapped and the kernel's page cache keeps what it can");
+  if (c.load == MappedFile::Mode::mmap || s.expert_bytes_total == 0) {
+    out.notes.push_back("budgets.ram holds " + format_size(budget - std::min(budget, fixed + kv_bytes)) + " of the " +
+                        format_size(s.expert_bytes_total) +
+                        " of routed experts; model.load = \"mmap\": the file is mapped and the kernel's page cache keeps "
+                        "what it can (model.load = \"auto\" streams the experts from disk instead)");
+    return out;
+  }
+  if (fixed + kv_bytes + kRamOverhead >= budget) {
+    return Error{where + "budgets.ram is " + format_size(budget) + ": after the fixed part (" + format_size(fixed + kv_bytes) +
+                 " with the KV cache) and " + format_size(kRamOverhead) +
+                 " for buffers nothing is left for routed experts (raise budgets.ram or lower model.ctx)"};
+  }
+  out.expert_cache_bytes = budget - fixed - kv_bytes - kRamOverhead;
+  out.notes.push_back("budgets.ram " + format_size(budget) + ": " + format_size(out.expert_cache_bytes) +
+                      " of RAM caches the " + format_size(s.expert_bytes_total) +
+                      " of routed experts; the rest is streamed from disk (NVMe tier)");
   return out;
 }
 

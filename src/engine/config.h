@@ -112,8 +112,16 @@ std::vector<ConfigKey> config_keys();
 // imply: an Error names the key and the numbers; `notes` gets lines to print.
 struct BudgetCheck {
   MappedFile::Mode load = MappedFile::Mode::automatic;
+  // > 0: the routed experts do not all fit; they are streamed from the file by the NVMe tier
+  // (storage/expert_store.h) with this much RAM for its cache, and every other weight is copied
+  // into RAM.
+  uint64_t expert_cache_bytes = 0;
   std::vector<std::string> notes;
 };
+// Memory strata keeps out of the expert cache for everything else it allocates (activations,
+// scratch buffers, the tokenizer, thread stacks): the cache gets budgets.ram less the resident
+// weights, the KV cache and this.
+inline constexpr uint64_t kRamOverhead = uint64_t(256) << 20;
 Result<BudgetCheck> check_budgets(const Config& c, const ModelSummary& s, uint64_t kv_bytes,
                                   const SystemMemory& mem, int n_gpus);
 

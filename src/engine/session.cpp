@@ -5,12 +5,15 @@
 #include <cmath>
 
 #include "model/forward.h"
+#include "storage/expert_store.h"
 
 namespace strata {
 
 namespace {
-void run_forward(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
-                 bool all_logits, float* logits) {
+// Errors: a routed expert the NVMe tier could not read (its computation used zeros instead: the
+// logits are not returned, and the caller's position does not advance).
+Status run_forward(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
+                   bool all_logits, float* logits) {
   switch (m.hparams().arch) {
     case Arch::qwen3moe:
     case Arch::qwen2moe:
@@ -22,6 +25,7 @@ void run_forward(const Model& m, const cpu::CpuBackend& be, std::span<const SeqS
       forward_deepseek2(m, be, seqs, tokens, all_logits, logits);
       break;
   }
+  return m.expert_store ? m.expert_store->take_error() : Status::success();
 }
 }  // namespace
 
@@ -51,7 +55,7 @@ Result<std::vector<float>> Session::eval(std::span<const int32_t> tokens, bool a
   const int64_t n = int64_t(tokens.size());
   std::vector<float> logits(size_t((all_logits ? n : 1) * hp.n_vocab));
   const SeqSpan seq{&cache_, n_past_, n};
-  run_forward(model_, backend_, std::span<const SeqSpan>(&seq, 1), tokens.data(), all_logits, logits.data());
+  STRATA_TRY(run_forward(model_, backend_, std::span<const SeqSpan>(&seq, 1), tokens.data(), all_logits, logits.data()));
   n_past_ += n;
   return logits;
 }
@@ -75,7 +79,7 @@ Result<std::vector<float>> Session::eval_batch(std::span<Session* const> session
     all.insert(all.end(), tokens[s].begin(), tokens[s].end());
   }
   std::vector<float> logits(sessions.size() * size_t(hp.n_vocab));
-  run_forward(m, sessions[0]->backend_, seqs, all.data(), false, logits.data());
+  STRATA_TRY(run_forward(m, sessions[0]->backend_, seqs, all.data(), false, logits.data()));
   for (size_t s = 0; s < sessions.size(); ++s) sessions[s]->n_past_ += int64_t(tokens[s].size());
   return logits;
 }

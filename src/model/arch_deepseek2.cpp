@@ -118,6 +118,10 @@ void forward_deepseek2(const Model& m, const cpu::CpuBackend& be, std::span<cons
       cpu::add(x.data(), y.data(), n_tok * E);  // residual
     }
 
+    if (m.expert_store) {
+      prof::Span span(prof::Part::router, il);
+      prefetch_experts(be, m, il, x.data(), n_tok);
+    }
     // feed-forward: dense, or routed experts + shared experts
     if (!l.is_moe()) {
       prof::Span span(prof::Part::shared_ffn, il);
@@ -132,7 +136,7 @@ void forward_deepseek2(const Model& m, const cpu::CpuBackend& be, std::span<cons
       }
       {
         prof::Span span(prof::Part::experts, il);
-        moe_ffn(be, l, routing, h.data(), n_tok, E, y.data());
+        moe_ffn(be, l, routing, h.data(), n_tok, E, y.data(), {}, m.expert_store.get(), il);
       }
       if (l.gate_shexp) {
         prof::Span span(prof::Part::shared_ffn, il);

@@ -42,12 +42,13 @@ void forward_gqa_moe(const Model& m, const cpu::CpuBackend& be, std::span<const 
     Routing routing;
     {
       prof::Span span(prof::Part::router, il);
+      prefetch_experts(be, m, il, x.data(), n_tok);
       rms_norm_rows(x.data(), l.ffn_norm, n_tok, E, hp.eps, h.data());
       routing = route(be, hp, l, h.data(), n_tok);
     }
     {
       prof::Span span(prof::Part::experts, il);
-      moe_ffn(be, l, routing, h.data(), n_tok, E, y.data(), hp.expert_glu);
+      moe_ffn(be, l, routing, h.data(), n_tok, E, y.data(), hp.expert_glu, m.expert_store.get(), il);
     }
     if (l.gate_shexp) {
       prof::Span span(prof::Part::shared_ffn, il);

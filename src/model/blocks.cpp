@@ -13,6 +13,7 @@
 #include "cpu/kernels.h"
 #include "cpu/quant_traits.h"
 #include "cpu/thread_pool.h"
+#include "storage/expert_store.h"
 
 namespace strata {
 
@@ -106,6 +107,7 @@ struct FfnWork {
   const float* down_b = nullptr;  // [E]
   std::vector<int64_t> tokens;    // rows of h, increasing
   std::vector<float> scale;       // per token (same length as tokens)
+  const ExpertView* view = nullptr;  // an NVMe-tier expert: wait() before reading the weights
 };
 
 // act(g) * u, in place in g.
@@ -137,8 +139,10 @@ struct RowTask {
 // Cuts rows [0, n_rows) of every FFN into tasks, about kTasksPerThread per thread over the whole
 // batch (so that one expert with many tokens and seven with one stay balanced), in multiples of 16
 // rows; an FFN with many tokens is cut into L2-sized tiles of rows by tokens (CpuBackend::kTile*).
+// `order`: the FFNs in the order their tasks are taken (ready ones first).
 constexpr int64_t kTasksPerThread = 4;
-std::vector<RowTask> row_tasks(const std::vector<FfnWork>& ffns, int64_t n_rows, int n_threads) {
+std::vector<RowTask> row_tasks(const std::vector<FfnWork>& ffns, const std::vector<int32_t>& order, int64_t n_rows,
+                               int n_threads) {
   using cpu::CpuBackend;
   const int64_t total = n_rows * int64_t(ffns.size());
   int64_t chunk = std::max<int64_t>(16, total / (kTasksPerThread * int64_t(n_threads)) / 16 * 16);
@@ -149,14 +153,14 @@ std::vector<RowTask> row_tasks(const std::vector<FfnWork>& ffns, int64_t n_rows,
   return CpuBackend::tiled_tasks(n_threads, any_tiled, [&](int64_t tile_rows) {
     std::vector<RowTask> tasks;
     int32_t block = 0;
-    for (size_t e = 0; e < ffns.size(); ++e) {
-      const int64_t n_tok = int64_t(ffns[e].tokens.size());
+    for (int32_t e : order) {
+      const int64_t n_tok = int64_t(ffns[size_t(e)].tokens.size());
       const bool tiled = n_tok >= CpuBackend::kTileMinTokens;
       const int64_t rows = tiled ? tile_rows : chunk;
       const int64_t toks = tiled ? CpuBackend::kTileTokens : n_tok;
       for (int64_t t0 = 0; t0 < n_tok; t0 += toks, ++block)
         for (int64_t r0 = 0; r0 < n_rows; r0 += rows)
-          tasks.push_back({int32_t(e), block, r0, std::min(n_rows, r0 + rows), t0, std::min(n_tok, t0 + toks)});
+          tasks.push_back({e, block, r0, std::min(n_rows, r0 + rows), t0, std::min(n_tok, t0 + toks)});
     }
     return tasks;
   });
@@ -231,9 +235,16 @@ void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const
 
   // gate/up tasks, then down tasks; per token block, the gate/up tasks still to finish, then
   // kQuantized once its GLU output is quantized for down (value-initialised: 0)
-  std::vector<RowTask> tasks = row_tasks(ffns, F, pool.size());
+  // FFNs whose weights are still being read (NVMe tier) go last, so the others run meanwhile
+  std::vector<int32_t> order(n_ffn);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_partition(order.begin(), order.end(), [&](int32_t e) {
+    const ExpertView* v = ffns[size_t(e)].view;
+    return v == nullptr || v->state->load(std::memory_order_relaxed) != ExpertStore::kLoading;
+  });
+  std::vector<RowTask> tasks = row_tasks(ffns, order, F, pool.size());
   const size_t n_up = tasks.size();
-  const std::vector<RowTask> down_tasks = row_tasks(ffns, E, pool.size());
+  const std::vector<RowTask> down_tasks = row_tasks(ffns, order, E, pool.size());
   tasks.insert(tasks.end(), down_tasks.begin(), down_tasks.end());
   const size_t n_blocks = size_t(tasks.back().block) + 1;
   constexpr int32_t kQuantized = -1;
@@ -249,7 +260,11 @@ void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const
       wait_for(left[size_t(task.block)], kQuantized);
       const cpu::ActRows ae{ya.data() + row0 * ya_row, ya_row, n};
       float* ye = &y[row0 * size_t(E) + size_t(task.r0)];
-      be.tile(f.down, task.r0, task.r1, ae, ye, E);
+      if (f.view == nullptr || f.view->wait()) {
+        be.tile(f.down, task.r0, task.r1, ae, ye, E);
+      } else {
+        for (int64_t t = 0; t < n; ++t) std::fill_n(ye + t * E, task.r1 - task.r0, 0.0f);
+      }
       if (f.down_b)
         for (int64_t t = 0; t < n; ++t) cpu::add(ye + t * E, f.down_b + task.r0, task.r1 - task.r0);
       return;
@@ -261,8 +276,13 @@ void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const
     thread_local std::vector<float> g, u;
     g.resize(size_t(n * w));
     u.resize(size_t(n * w));
-    be.tile(f.gate, task.r0, task.r1, xe, g.data(), w);
-    be.tile(f.up, task.r0, task.r1, xue, u.data(), w);
+    if (f.view == nullptr || f.view->wait()) {
+      be.tile(f.gate, task.r0, task.r1, xe, g.data(), w);
+      be.tile(f.up, task.r0, task.r1, xue, u.data(), w);
+    } else {  // its read failed: zeros, and the forward pass reports the store's error
+      std::fill(g.begin(), g.end(), 0.0f);
+      std::fill(u.begin(), u.end(), 0.0f);
+    }
     for (int64_t t = 0; t < n; ++t) {
       float* gt = &g[size_t(t * w)];
       float* ut = &u[size_t(t * w)];
@@ -331,7 +351,7 @@ void swiglu_ffn(const cpu::CpuBackend& be, const Weight& gate, const Weight& up,
 }
 
 void moe_ffn(const cpu::CpuBackend& be, const LayerWeights& l, const Routing& r, const float* h, int64_t n_tok, int64_t n_embd,
-             float* out, const GluParams& glu) {
+             float* out, const GluParams& glu, ExpertStore* store, int layer) {
   std::fill(out, out + n_tok * n_embd, 0.0f);
   const int64_t n_exp = l.gate_exps.n_mat;
   // the active experts in id order, each with its tokens in token order
@@ -350,27 +370,75 @@ void moe_ffn(const cpu::CpuBackend& be, const LayerWeights& l, const Routing& r,
       f.scale.push_back(r.weights[size_t(t * r.k + j)]);
     }
   }
-  std::vector<int32_t> order_of_slot;  // slots sorted by expert id
+  std::vector<int32_t> ids;  // active experts by id
   for (int64_t e = 0; e < n_exp; ++e)
-    if (slot[size_t(e)] >= 0) order_of_slot.push_back(int32_t(e));
-  std::vector<FfnWork> sorted;
-  sorted.reserve(ffns.size());
+    if (slot[size_t(e)] >= 0) ids.push_back(int32_t(e));
   const int64_t F = l.gate_exps.n_out;
   // expert e's bias: row e of a stacked [n_expert][width] bias (null when the layer has none)
   auto bias = [](const Weight& b, int64_t e, int64_t width) {
     return b ? f32(b) + e * width : nullptr;
   };
-  for (int32_t e : order_of_slot) {
+  auto work = [&](int32_t e) {
     FfnWork f = std::move(ffns[size_t(slot[size_t(e)])]);
-    f.gate = l.gate_exps.slice(e);
-    f.up = l.up_exps.slice(e);
-    f.down = l.down_exps.slice(e);
     f.gate_b = bias(l.gate_exps_b, e, F);
     f.up_b = bias(l.up_exps_b, e, F);
     f.down_b = bias(l.down_exps_b, e, n_embd);
-    sorted.push_back(std::move(f));
+    return f;
+  };
+  if (store == nullptr) {
+    std::vector<FfnWork> sorted;
+    sorted.reserve(ids.size());
+    for (int32_t e : ids) {
+      FfnWork f = work(e);
+      f.gate = l.gate_exps.slice(e);
+      f.up = l.up_exps.slice(e);
+      f.down = l.down_exps.slice(e);
+      sorted.push_back(std::move(f));
+    }
+    run_ffns(be, sorted, h, n_tok, glu, out);
+    return;
   }
-  run_ffns(be, sorted, h, n_tok, glu, out);
+  // NVMe tier: groups of at most chunk_experts(), each acquired (reads start for the experts not in
+  // RAM), computed (ready experts first) and released. Groups go in id order and run_ffns adds each
+  // token's experts in id order, so `out` sums exactly as in one call.
+  const size_t chunk = size_t(store->chunk_experts());
+  for (size_t c0 = 0; c0 < ids.size(); c0 += chunk) {
+    const std::span<const int32_t> group(ids.data() + c0, std::min(chunk, ids.size() - c0));
+    const std::vector<ExpertView> views = store->acquire(layer, group);
+    std::vector<FfnWork> part;
+    part.reserve(group.size());
+    for (size_t i = 0; i < group.size(); ++i) {
+      FfnWork f = work(group[i]);
+      f.gate = views[i].gate;
+      f.up = views[i].up;
+      f.down = views[i].down;
+      f.view = &views[i];
+      part.push_back(std::move(f));
+    }
+    run_ffns(be, part, h, n_tok, glu, out);
+    store->release(views);
+  }
+}
+
+void prefetch_experts(const cpu::CpuBackend& be, const Model& m, int il, const float* x, int64_t n_tok) {
+  ExpertStore* store = m.expert_store.get();
+  if (store == nullptr || n_tok > kPrefetchMaxTokens) return;
+  const HParams& hp = m.hparams();
+  const int64_t E = hp.n_embd;
+  std::vector<float> h(size_t(n_tok * E));
+  for (int d = 1; d <= store->prefetch_depth() && il + d < hp.n_layer; ++d) {
+    const LayerWeights& l = m.layers[size_t(il + d)];
+    if (!l.is_moe()) continue;
+    rms_norm_rows(x, l.ffn_norm, n_tok, E, hp.eps, h.data());
+    const Routing r = route(be, hp, l, h.data(), n_tok);
+    std::vector<int32_t> ids;  // by rank, then token
+    for (int j = 0; j < r.k; ++j)
+      for (int64_t t = 0; t < n_tok; ++t) {
+        const int32_t e = r.ids[size_t(t * r.k + j)];
+        if (std::find(ids.begin(), ids.end(), e) == ids.end()) ids.push_back(e);
+      }
+    store->prefetch(il + d, d, ids);
+  }
 }
 
 void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const float* q,

@@ -25,9 +25,18 @@ Routing route(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& 
 
 // out[t] = sum_j weights[t][j] * expert_{ids[t][j]}(h[t]) for SwiGLU experts stacked in
 // gate/up/down (with the expert biases of `l`, if any, and activation `glu`). Tokens are grouped by
-// expert so each expert's weights are read once per call.
+// expert so each expert's weights are read once per call. With `store` (the NVMe tier), the
+// experts' weights come from it (layer `layer`), not from l's stacks; the result is the same.
 void moe_ffn(const cpu::CpuBackend& be, const LayerWeights& l, const Routing& r, const float* h, int64_t n_tok, int64_t n_embd,
-             float* out, const GluParams& glu = {});
+             float* out, const GluParams& glu = {}, ExpertStore* store = nullptr, int layer = -1);
+
+// Routing look-ahead of the NVMe tier (issue #6): right after layer il's attention, x [n_tok][E]
+// (the residual stream) normalised and routed by the routers of layers il+1 .. il+depth; their
+// chosen experts are handed to m.expert_store's prefetch. Nothing without a store, or for batches
+// above kPrefetchMaxTokens (a prefill needs nearly every expert of a layer anyway: its reads start
+// when the layer is routed).
+inline constexpr int64_t kPrefetchMaxTokens = 8;
+void prefetch_experts(const cpu::CpuBackend& be, const Model& m, int il, const float* x, int64_t n_tok);
 
 // Optional parts of a SwiGLU FFN: biases (null: none) and the activation.
 struct SwigluOptions {

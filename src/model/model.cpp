@@ -3,10 +3,14 @@
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "cpu/quant_traits.h"
 #include "cpu/repack.h"
+#include "storage/expert_store.h"
 
 namespace strata {
 namespace {
@@ -59,6 +63,10 @@ class TensorGetter {
   // writable: the file's bytes where get() may rewrite matrices into the kernels' layouts
   // (cpu/repack.h), or null to leave every tensor as it is in the file.
   TensorGetter(const GgufFile& f, uint8_t* writable) : f_(f), writable_(writable) {}
+  // Stream mode: every tensor but the routed experts' matrices is copied into buffers kept in
+  // `owned` (and repacked there when `repack`); the experts' views stay in the mapped file.
+  using Owned = std::vector<std::unique_ptr<uint8_t, void (*)(void*)>>;
+  TensorGetter(const GgufFile& f, Owned* owned, bool repack) : f_(f), writable_(nullptr), owned_(owned), owned_repack_(repack) {}
 
   uint64_t repacked_bytes = 0;  // what get() interleaved, and how long it took
   double repack_seconds = 0;
@@ -87,10 +95,25 @@ class TensorGetter {
     w.n_out = t->n_dims >= 2 ? int64_t(t->ne[1]) : 1;
     w.n_mat = t->n_dims >= 3 ? int64_t(t->ne[2]) : 1;
     w.row_bytes = t->row_bytes();
-    if (writable_ != nullptr && cpu::can_interleave(w)) {
+    uint8_t* writable = writable_ ? writable_ + (w.data - f_.bytes_.data()) : nullptr;
+    if (owned_ != nullptr) {
+      if (name.ends_with("_exps.weight")) return w;  // routed experts: the ExpertStore's
+      auto [it, fresh] = copies_.try_emplace(w.data, nullptr);
+      if (fresh) {  // once per tensor (tied embeddings are asked for twice)
+        const size_t n = (t->n_bytes + 63) / 64 * 64;
+        owned_->emplace_back(static_cast<uint8_t*>(std::aligned_alloc(64, n)), std::free);
+        STRATA_CHECK(owned_->back() != nullptr, "out of memory copying the resident weights");
+        std::memcpy(owned_->back().get(), w.data, t->n_bytes);
+        it->second = owned_->back().get();
+        resident_bytes += t->n_bytes;
+      }
+      w.data = it->second;
+      if (owned_repack_) writable = it->second;
+    }
+    if (writable != nullptr && cpu::can_interleave(w)) {
       if (interleaved_.insert(w.data).second) {  // once per tensor, however often it is asked for
         const auto t0 = std::chrono::steady_clock::now();
-        cpu::interleave(w, writable_ + (w.data - f_.bytes_.data()));
+        cpu::interleave(w, writable);
         repacked_bytes += w.mat_bytes() * uint64_t(w.n_mat);
         repack_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       }
@@ -111,7 +134,13 @@ class TensorGetter {
  private:
   const GgufFile& f_;
   uint8_t* writable_;
+  Owned* owned_ = nullptr;
+  bool owned_repack_ = false;
+  std::unordered_map<const uint8_t*, uint8_t*> copies_;  // file bytes -> their copy
   std::unordered_set<const uint8_t*> interleaved_;
+
+ public:
+  uint64_t resident_bytes = 0;  // copied (stream mode)
 };
 
 #define ASSIGN_OR_RETURN(lhs, expr) \
@@ -272,13 +301,17 @@ uint64_t kv_bytes_per_token(const HParams& hp, KvType type) {
   return uint64_t(hp.n_head_kv) * uint64_t(hp.head_dim_k + hp.head_dim_v) * entry * uint64_t(hp.n_layer);
 }
 
-Result<std::unique_ptr<Model>> Model::load(const std::string& path, MappedFile::Mode mode, bool repack) {
-  auto f = GgufFile::open(path, mode);
+Model::Model() = default;
+Model::~Model() = default;
+
+Result<std::unique_ptr<Model>> Model::load(const std::string& path, MappedFile::Mode mode, bool repack,
+                                           bool stream_experts) {
+  auto f = GgufFile::open(path, stream_experts ? MappedFile::Mode::mmap : mode);
   if (!f) return f.error();
-  return load(std::move(*f), repack);
+  return load(std::move(*f), repack, stream_experts);
 }
 
-Result<std::unique_ptr<Model>> Model::load(GgufFile file, bool repack) {
+Result<std::unique_ptr<Model>> Model::load(GgufFile file, bool repack, bool stream_experts) {
   auto m = std::make_unique<Model>();
   m->file_ = std::move(file);
   const GgufFile& f = m->file_;
@@ -287,7 +320,9 @@ Result<std::unique_ptr<Model>> Model::load(GgufFile file, bool repack) {
   HParams& hp = m->hp_;
   hp = std::move(*hp_r);
 
-  TensorGetter g(f, repack ? f.mutable_bytes() : nullptr);
+  TensorGetter g = stream_experts ? TensorGetter(f, &m->resident_, repack)
+                                  : TensorGetter(f, repack ? f.mutable_bytes() : nullptr);
+  m->streamed_repack = stream_experts && repack;
   const int64_t E = hp.n_embd;
   const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
   if (!embd || embd->n_dims != 2)
@@ -370,6 +405,7 @@ Result<std::unique_ptr<Model>> Model::load(GgufFile file, bool repack) {
   }
   m->repacked_bytes = g.repacked_bytes;
   m->repack_seconds = g.repack_seconds;
+  m->resident_bytes = g.resident_bytes;
   return m;
 }
 

@@ -100,15 +100,22 @@ struct LayerWeights {
   bool is_moe() const { return bool(gate_exps); }
 };
 
+class ExpertStore;
+
 class Model {
  public:
+  Model();
+  ~Model();
   // repack: weights read into RAM are rewritten into the layouts the start-up kernels read
   // fastest (cpu/repack.h: 16-row interleaving where the ISA has such a kernel); mapped files
   // stay as they are.
+  // stream_experts (a mapped file): every weight but the routed experts' matrices is copied into
+  // RAM (and repacked there); the experts stay in the file for an ExpertStore (storage/
+  // expert_store.h) to read, which the caller then attaches as expert_store.
   static Result<std::unique_ptr<Model>> load(const std::string& path,
                                              MappedFile::Mode mode = MappedFile::Mode::mmap,
-                                             bool repack = true);
-  static Result<std::unique_ptr<Model>> load(GgufFile file, bool repack = true);
+                                             bool repack = true, bool stream_experts = false);
+  static Result<std::unique_ptr<Model>> load(GgufFile file, bool repack = true, bool stream_experts = false);
 
   const HParams& hparams() const { return hp_; }
   const GgufFile& file() const { return file_; }
@@ -119,10 +126,21 @@ class Model {
   // What load's repacking did: bytes of weights interleaved and the time it took.
   uint64_t repacked_bytes = 0;
   double repack_seconds = 0;
+  // stream_experts: bytes of the weights copied into RAM (everything but the routed experts).
+  uint64_t resident_bytes = 0;
+  // Loaded with stream_experts: whether the routed experts are to be interleaved where read (as
+  // the resident weights are).
+  bool streamed_repack = false;
 
  private:
   GgufFile file_;
   HParams hp_;
+  std::vector<std::unique_ptr<uint8_t, void (*)(void*)>> resident_;  // stream_experts copies
+
+ public:
+  // The NVMe tier's routed experts (null: every expert is in the weights above). Declared last,
+  // so destroyed first: it reads the file and refers to the model.
+  std::unique_ptr<ExpertStore> expert_store;
 };
 
 // The hyperparameters of a GGUF's metadata alone (no tensor is read: works on header-only files).

@@ -1,0 +1,274 @@
+// The NVMe tier's expert store (storage/expert_store.h): a model whose routed experts are streamed
+// through a cache far smaller than them computes exactly what the all-in-RAM model computes, with
+// the reader misbehaving or not; a failed read is an error naming file and offset, never silent
+// zeros; a slot is never overwritten while an expert in it is in use.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstring>
+#include <random>
+
+#include "engine/config.h"
+#include "engine/session.h"
+#include "model/model_info.h"
+#include "model/synth.h"
+#include "storage/expert_store.h"
+
+namespace strata {
+namespace {
+
+// A synthetic model written to a temporary file once per shape.
+class StreamedModel {
+ public:
+  explicit StreamedModel(std::string_view shape_name) {
+    const SynthShape* shape = find_synth_shape(shape_name);
+    STRATA_CHECK(shape != nullptr);
+    auto plan = build_synth_plan(*shape, SynthQuant::q4_k_m, {.seed = 7});
+    STRATA_CHECK(plan.ok());
+    path_ = ::testing::TempDir() + "strata-expert-store-" + std::string(shape_name) + "-" + std::to_string(::getpid()) + ".gguf";
+    STRATA_CHECK(plan->write_file(path_).ok());
+  }
+  ~StreamedModel() { std::remove(path_.c_str()); }
+  const std::string& path() const { return path_; }
+
+  std::unique_ptr<Model> in_ram() const {
+    auto m = Model::load(path_, MappedFile::Mode::ram, true);
+    STRATA_CHECK(m.ok());
+    return std::move(*m);
+  }
+  // Streamed, with a cache of the fewest slots the store accepts plus `extra` (negative: too few).
+  Result<std::unique_ptr<Model>> streamed(int64_t extra, ExpertStoreOptions o) const {
+    auto m = Model::load(path_, MappedFile::Mode::mmap, true, /*stream_experts=*/true);
+    if (!m) return m.error();
+    // the slot size, from a first store with plenty of room
+    ExpertStoreOptions probe = o;
+    probe.cache_bytes = uint64_t(1) << 30;
+    auto s = ExpertStore::open(**m, path_, probe);
+    if (!s) return s.error();
+    o.cache_bytes = uint64_t((*s)->min_slots() + extra) * (*s)->slot_bytes();
+    s->reset();
+    auto store = ExpertStore::open(**m, path_, o);
+    if (!store) return store.error();
+    (*m)->expert_store = std::move(*store);
+    return m;
+  }
+
+ private:
+  std::string path_;
+};
+
+ExpertStoreOptions small_queue() {
+  ExpertStoreOptions o;
+  o.queue_depth = 3;  // a small reserve (chunk + 2 + k slots): the tiny models have few experts
+  o.prefetch_depth = 1;
+  return o;
+}
+
+// A prompt, then greedy decoding: the logits of every step.
+std::vector<std::vector<float>> run(const Model& m, int n_prompt, int n_gen) {
+  Session s(m, 128);
+  std::vector<int32_t> prompt;
+  std::mt19937 rng(3);
+  for (int i = 0; i < n_prompt; ++i) prompt.push_back(int32_t(rng() % uint32_t(m.hparams().n_vocab)));
+  std::vector<std::vector<float>> out;
+  auto l = s.eval(prompt);
+  STRATA_CHECK(l.ok(), "eval failed");
+  out.push_back(*l);
+  for (int i = 0; i < n_gen; ++i) {
+    const int32_t next = argmax(out.back());
+    auto n = s.eval(std::span<const int32_t>(&next, 1));
+    STRATA_CHECK(n.ok(), "eval failed");
+    out.push_back(*n);
+  }
+  return out;
+}
+
+void expect_identical(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].size(), b[i].size());
+    EXPECT_EQ(std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)), 0) << "step " << i;
+  }
+}
+
+int64_t total_experts(const Model& m) {
+  int64_t n = 0;
+  for (const LayerWeights& l : m.layers) n += l.is_moe() ? l.gate_exps.n_mat : 0;
+  return n;
+}
+
+TEST(ExpertStore, StreamedEqualsInRam) {
+  for (const char* shape : {"tiny", "tiny-deepseek2"}) {
+    SCOPED_TRACE(shape);
+    StreamedModel sm(shape);
+    const auto ram = sm.in_ram();
+    const auto want = run(*ram, 20, 24);
+    // one slot too few is an error; the fewest accepted hold a fraction of the experts
+    auto m = sm.streamed(-1, small_queue());
+    ASSERT_FALSE(m.ok());
+    EXPECT_NE(m.error().message.find("at least"), std::string::npos) << m.error().message;
+    m = sm.streamed(0, small_queue());
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    ASSERT_LT((*m)->expert_store->n_slots(), total_experts(*ram));
+    EXPECT_GT((*m)->resident_bytes, 0u);
+    expect_identical(run(**m, 20, 24), want);
+    const ExpertStoreStats st = (*m)->expert_store->stats();
+    EXPECT_GT(st.demand_reads, 0);
+    EXPECT_GT(st.hits, 0);
+    EXPECT_GT(st.prefetch_reads, 0);
+    EXPECT_LT(st.hit_rate(), 1.0);
+    ASSERT_EQ(st.predicted.size(), 1u);
+    EXPECT_GT(st.predicted[0], 0);
+    EXPECT_LE(st.predicted_right[0], st.predicted[0]);
+    EXPECT_GT(st.bytes_read, 0u);
+  }
+}
+
+TEST(ExpertStore, FaultyReaderStillExact) {
+  StreamedModel sm("tiny");
+  const auto want = run(*sm.in_ram(), 12, 12);
+  for (bool uring : {true, false}) {
+    SCOPED_TRACE(uring ? "io_uring" : "pread");
+    storage::FaultInjection f;
+    f.seed = 11;
+    f.short_read_rate = 0.3;
+    f.eagain_rate = 0.2;
+    f.eio_rate = 0.1;
+    f.latency_us = 300;
+    ExpertStoreOptions o = small_queue();
+    o.faults = &f;
+    o.use_io_uring = uring;
+    auto m = sm.streamed(0, o);
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    expect_identical(run(**m, 12, 12), want);
+  }
+}
+
+TEST(ExpertStore, FailedReadIsAnErrorNamingFileAndOffset) {
+  StreamedModel sm("tiny");
+  auto probe = Model::load(sm.path(), MappedFile::Mode::mmap, true, true);
+  ASSERT_TRUE(probe.ok());
+  // every read of layer 1's gate stack fails for good
+  const Weight& gate = (*probe)->layers[1].gate_exps;
+  const uint64_t at = uint64_t(gate.data - (*probe)->file().bytes_.data());
+  storage::FaultInjection f;
+  f.fail_file = 0;
+  f.fail_offset = at;
+  f.fail_bytes = gate.mat_bytes() * uint64_t(gate.n_mat);
+  ExpertStoreOptions o = small_queue();
+  o.faults = &f;
+  auto m = sm.streamed(0, o);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  Session s(**m, 64);
+  const std::vector<int32_t> prompt = {1, 2, 3, 4};
+  auto l = s.eval(prompt);
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(l.error().message.find(sm.path()), std::string::npos) << l.error().message;
+  EXPECT_NE(l.error().message.find("offset"), std::string::npos) << l.error().message;
+  EXPECT_EQ(s.n_past(), 0);  // nothing was taken as computed
+}
+
+// Many acquires with evictions and prefetches racing slow reads: every expert a caller gets holds
+// exactly the bytes the all-in-RAM model has for it, until it is released.
+TEST(ExpertStore, SlotsAreNeverReusedWhileInUse) {
+  StreamedModel sm("tiny");
+  const auto ram = sm.in_ram();
+  storage::FaultInjection f;
+  f.latency_us = 100;
+  ExpertStoreOptions o = small_queue();
+  o.faults = &f;
+  auto m = sm.streamed(0, o);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  ExpertStore& store = *(*m)->expert_store;
+  const HParams& hp = ram->hparams();
+  std::mt19937 rng(5);
+  for (int step = 0; step < 300; ++step) {
+    const int layer = int(rng() % uint32_t(hp.n_layer));
+    std::vector<int32_t> ids;
+    for (int e = 0; e < hp.n_expert; ++e)
+      if (rng() % 3 == 0) ids.push_back(e);
+    if (ids.empty()) ids.push_back(0);
+    if (layer + 1 < hp.n_layer) {
+      const std::vector<int32_t> ahead = {int32_t(rng() % 8), int32_t(rng() % 8 + 8) % 8};
+      if (ahead[0] != ahead[1]) store.prefetch(layer + 1, 1, ahead);
+    }
+    const std::vector<ExpertView> views = store.acquire(layer, ids);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ASSERT_TRUE(views[i].wait());
+      const LayerWeights& l = ram->layers[size_t(layer)];
+      const Weight want[3] = {l.gate_exps.slice(ids[i]), l.up_exps.slice(ids[i]), l.down_exps.slice(ids[i])};
+      const Weight got[3] = {views[i].gate, views[i].up, views[i].down};
+      for (int r = 0; r < 3; ++r) {
+        ASSERT_EQ(got[r].interleaved, want[r].interleaved);
+        ASSERT_EQ(std::memcmp(got[r].data, want[r].data, want[r].mat_bytes()), 0)
+            << "step " << step << " layer " << layer << " expert " << ids[i] << " role " << r;
+      }
+    }
+    store.release(views);
+  }
+  EXPECT_TRUE(store.take_error().ok());
+}
+
+// budgets.ram below the model: the cache gets what the resident part, the KV cache and the stated
+// overhead leave, and the store's arena stays inside it.
+TEST(ExpertStore, BudgetAccounting) {
+  // a model of Qwen3-30B-A3B's proportions: 1 GiB read by every token, 16 GiB of experts
+  ModelSummary s;
+  s.expert_bytes_total = uint64_t(16) << 30;
+  s.n_bytes = s.expert_bytes_total + (uint64_t(1) << 30);
+  const uint64_t fixed = s.n_bytes - s.expert_bytes_total, kv = uint64_t(400) << 20;
+  const SystemMemory mem{uint64_t(64) << 30, uint64_t(60) << 30};
+  Config c;
+  c.ram_budget = uint64_t(8) << 30;
+  auto b = check_budgets(c, s, kv, mem, 0);
+  ASSERT_TRUE(b.ok()) << b.error().message;
+  EXPECT_EQ(b->expert_cache_bytes, *c.ram_budget - fixed - kv - kRamOverhead);
+  EXPECT_EQ(b->load, MappedFile::Mode::mmap);
+  // the whole model fits: read into RAM, nothing streamed
+  c.ram_budget = uint64_t(18) << 30;
+  b = check_budgets(c, s, kv, mem, 0);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->expert_cache_bytes, 0u);
+  EXPECT_EQ(b->load, MappedFile::Mode::ram);
+  // model.load = "mmap" asked for: mapped, not streamed
+  c.ram_budget = uint64_t(8) << 30;
+  c.load = MappedFile::Mode::mmap;
+  b = check_budgets(c, s, kv, mem, 0);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->expert_cache_bytes, 0u);
+  c.load = MappedFile::Mode::automatic;
+  // nothing left for experts: an error naming the key
+  c.ram_budget = fixed + kv + kRamOverhead / 2;
+  b = check_budgets(c, s, kv, mem, 0);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.error().message.find("budgets.ram"), std::string::npos) << b.error().message;
+  // "auto" on a machine with less memory available than the model: 80% of it
+  c.ram_budget.reset();
+  b = check_budgets(c, s, kv, SystemMemory{uint64_t(16) << 30, uint64_t(10) << 30}, 0);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->expert_cache_bytes, (uint64_t(10) << 30) / 10 * 8 - fixed - kv - kRamOverhead);
+
+  // the store's arena stays inside the cache it is given
+  StreamedModel sm("tiny");
+  auto m = Model::load(sm.path(), MappedFile::Mode::mmap, true, true);
+  ASSERT_TRUE(m.ok());
+  auto header = GgufFile::open(sm.path(), MappedFile::Mode::mmap);
+  ASSERT_TRUE(header.ok());
+  auto tiny = summarize_model(*header);
+  ASSERT_TRUE(tiny.ok());
+  EXPECT_EQ((*m)->resident_bytes, tiny->n_bytes - tiny->expert_bytes_total);
+  ExpertStoreOptions o = small_queue();
+  o.cache_bytes = uint64_t(1) << 30;
+  auto store = ExpertStore::open(**m, sm.path(), o);
+  ASSERT_TRUE(store.ok()) << store.error().message;
+  o.cache_bytes = (*store)->slot_bytes() * uint64_t(2 * (*store)->min_slots() + 1) / 2;  // and half a slot
+  store->reset();
+  store = ExpertStore::open(**m, sm.path(), o);
+  ASSERT_TRUE(store.ok()) << store.error().message;
+  EXPECT_LE((*store)->arena_bytes(), o.cache_bytes);
+  EXPECT_GT((*store)->arena_bytes() + (*store)->slot_bytes(), o.cache_bytes);
+}
+
+}  // namespace
+}  // namespace strata
