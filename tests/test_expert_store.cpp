@@ -208,6 +208,13 @@ TEST(ExpertStore, SlotsAreNeverReusedWhileInUse) {
     store.release(views);
   }
   EXPECT_TRUE(store.take_error().ok());
+  store.drain();
+  const ExpertStore::SlotCounts c = store.slot_counts();
+  EXPECT_EQ(c.other, 0) << "free " << c.free << " resident " << c.resident << " prefetched " << c.prefetched;
+  EXPECT_EQ(c.free + c.resident + c.prefetched, store.n_slots());
+  EXPECT_GT(c.resident, 0);
+  const ExpertStoreStats st = store.stats();
+  EXPECT_GT(st.prefetch_used, 0);  // the prefetched-then-used path (promote) ran
 }
 
 // budgets.ram below the model: the cache gets what the resident part, the KV cache and the stated

@@ -218,7 +218,13 @@ std::vector<ExpertView> ExpertStore::acquire(int layer, std::span<const int32_t>
 void ExpertStore::promote(ExpertKey key, int32_t slot) {
   const ExpertKey victim = policy_->insert(key);
   if (victim == key) return;  // declined: freed after its use
-  if (victim != kNoExpert) evict(victim);
+  if (victim != kNoExpert) {
+    const int32_t idle = evict(victim);
+    if (idle >= 0) {
+      free_.push_back(idle);
+      freed_.notify_all();
+    }
+  }
   slots_[size_t(slot)].mapped = true;
 }
 
@@ -363,6 +369,25 @@ void ExpertStore::pump_prefetch() {
     if (!slots_[size_t(s)].mapped) transit_prefetched_.push_back(s);
     ++stats_.prefetch_reads;
   }
+}
+
+ExpertStore::SlotCounts ExpertStore::slot_counts() const {
+  std::lock_guard lock(mu_);
+  SlotCounts c;
+  c.free = int64_t(free_.size());
+  for (int64_t i = 0; i < n_slots_; ++i) {
+    const Slot& sl = slots_[size_t(i)];
+    if (sl.key == kNoExpert) continue;  // counted in free_ (or leaked: `other` stays short)
+    if (sl.mapped) {
+      ++c.resident;
+    } else if (sl.prefetched) {
+      ++c.prefetched;
+    } else {
+      ++c.other;
+    }
+  }
+  c.other += n_slots_ - (c.free + c.resident + c.prefetched + c.other);
+  return c;
 }
 
 Status ExpertStore::take_error() {

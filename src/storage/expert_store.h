@@ -121,6 +121,15 @@ class ExpertStore {
   ExpertStoreStats stats() const;
   void reset_stats();
 
+  // Where the slots are (tests: with nothing acquired and no read in flight, every slot is free,
+  // resident, or a prefetched expert waiting for its layer: `other` is 0, or a slot leaked).
+  struct SlotCounts {
+    int64_t free = 0, resident = 0, prefetched = 0, other = 0;
+  };
+  SlotCounts slot_counts() const;
+  // Waits until no read is in flight.
+  void drain() { reader_->drain(); }
+
  private:
   struct Matrix {  // one of an expert's three matrices in a slot
     uint64_t file_offset = 0;  // the aligned range read
