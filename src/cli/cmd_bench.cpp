@@ -64,10 +64,10 @@ void nvme_figures(const ExpertStoreStats& st, double tokens, double probe_gbps, 
   r.nvme_bytes_per_token = double(st.bytes_read) / tokens;
   r.nvme_gbps = st.read_gbps();
   r.nvme_wait_per_token = st.wait_seconds / tokens;
-  r.nvme_text = strfmt("NVMe: RAM hit rate %.3f, %s read per token (%.1f experts: %.1f on demand, %.1f prefetched, "
-                       "%.0f%% of those used), %.2f GB/s while reading = %.2f of the probe's %.2f GB/s; compute "
-                       "waited %.1f ms per token",
-                       r.ram_hit_rate, format_bytes(r.nvme_bytes_per_token).c_str(),
+  r.nvme_text = strfmt("NVMe: RAM hit rate %.3f, %.0f%% of misses prefetched; %s read per token (%.1f experts: %.1f "
+                       "on demand, %.1f prefetched, %.0f%% of those used), %.2f GB/s while reading = %.2f of the "
+                       "probe's %.2f GB/s; compute threads waited %.1f ms per token",
+                       r.ram_hit_rate, 100.0 * st.prefetch_coverage(), format_bytes(r.nvme_bytes_per_token).c_str(),
                        double(st.demand_reads + st.prefetch_reads) / tokens, double(st.demand_reads) / tokens,
                        double(st.prefetch_reads) / tokens,
                        st.prefetch_reads ? 100.0 * double(st.prefetch_used) / double(st.prefetch_reads) : 0.0,

@@ -51,7 +51,7 @@ struct ExpertStoreOptions {
 // Counters since open (or reset_stats). Bytes are file bytes of whole aligned ranges.
 struct ExpertStoreStats {
   int64_t accesses = 0;        // experts a layer computed
-  int64_t hits = 0;            // ... already in RAM (or on their way from a prefetch)
+  int64_t hits = 0;            // ... in RAM or on their way (prefetched) when asked for
   int64_t demand_reads = 0;    // experts read because a layer needed them now
   int64_t prefetch_reads = 0;  // experts read ahead of need
   int64_t prefetch_used = 0;   // prefetched experts a layer then used
@@ -61,7 +61,14 @@ struct ExpertStoreStats {
   // per look-ahead distance d = 1 .. prefetch_depth: experts predicted, and of those the ones the
   // layer then chose; chosen: experts the layers chose (the recall's denominator)
   std::vector<int64_t> predicted, predicted_right, chosen;
-  double hit_rate() const { return accesses ? double(hits) / double(accesses) : 0.0; }
+  // Found in RAM without a read for this use: the cache's own hits (prefetched experts are misses
+  // the look-ahead hid, counted in prefetch_used).
+  double hit_rate() const { return accesses ? double(hits - prefetch_used) / double(accesses) : 0.0; }
+  // Of the misses, the share a prefetch had already started or finished.
+  double prefetch_coverage() const {
+    const int64_t misses = accesses - (hits - prefetch_used);
+    return misses ? double(prefetch_used) / double(misses) : 0.0;
+  }
   double read_gbps() const { return read_seconds > 0 ? double(bytes_read) / read_seconds / 1e9 : 0.0; }
 };
 
