@@ -20,6 +20,7 @@
 #include "cpu/kernels.h"
 #include "cpu/thread_pool.h"
 #include "engine/session.h"
+#include "model/trace_routing.h"
 #include "storage/disk_probe.h"
 #include "storage/expert_store.h"
 
@@ -35,6 +36,7 @@ struct BenchOptions {
   int reps = 3;
   bool profile = false;
   bool json = false;
+  std::string routing = "model";
 };
 
 struct Test {
@@ -124,6 +126,14 @@ int fail(const std::string& m) {
 int run_bench(const BenchOptions& o) {
   auto loaded = load_model(o.common, "strata bench");
   if (!loaded) return fail(loaded.error().message);
+  auto routing = make_routing_override(o.routing, loaded->model->hparams());
+  if (!routing) return fail(routing.error().message);
+  loaded->model->routing_override = routing->get();
+  if (*routing) {
+    std::fprintf(stderr, "strata bench: routing replayed from --routing %s (%lld tokens, repeated as needed); "
+                 "the NVMe look-ahead reads it ahead (an oracle: storage.prefetch_depth=0 gives the other bound)\n",
+                 o.routing.c_str(), static_cast<long long>((*routing)->n_tokens()));
+  }
   const Model& m = *loaded->model;
   const ModelSummary& sm = loaded->summary;
   const int64_t ctx_limit = context_limit(m, loaded->config);
@@ -267,7 +277,8 @@ int run_bench(const BenchOptions& o) {
                      {"nvme_bytes_per_token", r.nvme_bytes_per_token},
                      {"nvme_gbps", r.nvme_gbps},
                      {"nvme_probe_gbps", nvme_probe_gbps},
-                     {"nvme_wait_s_per_token", r.nvme_wait_per_token}});
+                     {"nvme_wait_s_per_token", r.nvme_wait_per_token},
+                     {"routing", o.routing}});
     }
     std::printf("%s\n", arr.dump(2).c_str());
   } else {
@@ -291,6 +302,10 @@ Runner add_bench_command(CLI::App& app) {
   sub->add_option("-r,--reps", o->reps, "repetitions of each test (default 3)")->check(CLI::PositiveNumber);
   sub->add_flag("--profile", o->profile, "print each test's time per token by part of the layer");
   sub->add_flag("--json", o->json, "print the results as JSON");
+  sub->add_option("--routing", o->routing,
+                  "whose expert choices: model (the routers', default), trace:FILE (a recorded trace, "
+                  "../shared/traces format, mapped onto the model), synthetic[:ZIPF,REPEAT,DRIFT] (skewed, "
+                  "fitted to the Mixtral trace by default)");
   return [o] { return run_bench(*o); };
 }
 

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "engine/session.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
@@ -15,7 +16,7 @@ namespace strata::cli {
 namespace {
 
 struct LogitsOptions {
-  std::string model = STRATA_DEFAULT_MODEL;
+  CommonOptions common;  // -m, -c, --set (budgets.ram: a streamed model computes the same logits)
   std::string tokens_path;
   std::string out_path;
   bool sequential = false;
@@ -48,9 +49,9 @@ int fail(const char* cmd, const std::string& message) {
 int run_logits(const LogitsOptions& o) {
   auto ids = read_token_ids(o.tokens_path);
   if (!ids) return fail("logits", ids.error().message);
-  auto model = Model::load(o.model);
-  if (!model) return fail("logits", model.error().message);
-  const Model& m = **model;
+  auto loaded = load_model(o.common, "strata logits");
+  if (!loaded) return fail("logits", loaded.error().message);
+  const Model& m = *loaded->model;
   const int V = m.hparams().n_vocab;
   const auto path = o.exact ? cpu::MatmulPath::exact : cpu::MatmulPath::quantized;
   const int ctx = int(ids->size()) + o.greedy;
@@ -120,7 +121,7 @@ int run_tokenize(const TokenizeOptions& o) {
 Runner add_logits_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("logits", "evaluate token ids, write float32 logits [n_tokens][n_vocab]");
   auto o = std::make_shared<LogitsOptions>();
-  sub->add_option("-m,--model", o->model, "GGUF model (default: the bundled tiny qwen3moe)");
+  add_common(sub, o->common);
   sub->add_option("--tokens", o->tokens_path, "tokens.json (fixtures format: {\"ids\": [...]})")->required();
   sub->add_option("-o,--out", o->out_path, "output file of float32 logits");
   sub->add_flag("--sequential", o->sequential, "evaluate one token at a time instead of one batch");

@@ -133,6 +133,7 @@ void forward_deepseek2(const Model& m, const cpu::CpuBackend& be, std::span<cons
         prof::Span span(prof::Part::router, il);
         rms_norm_rows(x.data(), l.ffn_norm, n_tok, E, hp.eps, h.data());
         routing = route(be, hp, l, h.data(), n_tok);
+        if (m.routing_override != nullptr) m.routing_override->choose(il, n_tok, routing);
       }
       {
         prof::Span span(prof::Part::experts, il);

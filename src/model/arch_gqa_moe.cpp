@@ -45,6 +45,7 @@ void forward_gqa_moe(const Model& m, const cpu::CpuBackend& be, std::span<const 
       prefetch_experts(be, m, il, x.data(), n_tok);
       rms_norm_rows(x.data(), l.ffn_norm, n_tok, E, hp.eps, h.data());
       routing = route(be, hp, l, h.data(), n_tok);
+      if (m.routing_override != nullptr) m.routing_override->choose(il, n_tok, routing);
     }
     {
       prof::Span span(prof::Part::experts, il);

@@ -429,6 +429,10 @@ void prefetch_experts(const cpu::CpuBackend& be, const Model& m, int il, const f
   for (int d = 1; d <= store->prefetch_depth() && il + d < hp.n_layer; ++d) {
     const LayerWeights& l = m.layers[size_t(il + d)];
     if (!l.is_moe()) continue;
+    if (m.routing_override != nullptr) {
+      store->prefetch(il + d, d, m.routing_override->peek(il + d, n_tok));
+      continue;
+    }
     rms_norm_rows(x, l.ffn_norm, n_tok, E, hp.eps, h.data());
     const Routing r = route(be, hp, l, h.data(), n_tok);
     std::vector<int32_t> ids;  // by rank, then token

@@ -18,6 +18,19 @@ struct Routing {
   std::vector<float> weights;
 };
 
+// Replaces the routers' choices (`strata bench --routing`): random-weight models route
+// unrealistically, so the tiers are also measured on recorded or synthetic routing. The model's
+// `routing_override`, when set, is asked after each router.
+class RoutingOverride {
+ public:
+  virtual ~RoutingOverride() = default;
+  // The experts (k per token, distinct) of the next n_tok tokens at layer il, written into r.ids;
+  // the weights stay the router's. Advances layer il's position by n_tok.
+  virtual void choose(int il, int64_t n_tok, Routing& r) = 0;
+  // What choose(il, n_tok) will give, without advancing (the NVMe look-ahead reads it: an oracle).
+  virtual std::vector<int32_t> peek(int il, int64_t n_tok) const = 0;
+};
+
 // Router of layer `l` (plus its bias, if any) applied to h [n_tok][n_embd] with the architecture's
 // gating rule (hp.gating).
 Routing route(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& l, const float* h,

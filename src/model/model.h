@@ -101,6 +101,7 @@ struct LayerWeights {
 };
 
 class ExpertStore;
+class RoutingOverride;
 
 class Model {
  public:
@@ -131,6 +132,8 @@ class Model {
   // Loaded with stream_experts: whether the routed experts are to be interleaved where read (as
   // the resident weights are).
   bool streamed_repack = false;
+  // Replaces the routers' choices when set (benchmarks; model/blocks.h). Not owned.
+  RoutingOverride* routing_override = nullptr;
 
  private:
   GgufFile file_;
