@@ -43,9 +43,16 @@ Result<std::unique_ptr<TraceRouting>> TraceRouting::make(const RoutingTrace& tra
         std::copy(src.begin(), src.end(), dst);
         continue;
       }
-      const int rot = (l / trace.n_layer) * per;  // model layers sharing a trace layer differ
-      for (size_t j = 0; j < src.size(); ++j)
-        for (int i = 0; i < per; ++i) dst[j * size_t(per) + size_t(i)] = src[j] * group + (rot + i) % group;
+      // which `per` of the group: a window at a position hashed from (token, model layer, trace
+      // expert), so the model's experts are all used while the groups keep the trace's skew
+      for (size_t j = 0; j < src.size(); ++j) {
+        uint64_t h = (uint64_t(t) * 0x9E3779B97F4A7C15ull) ^ (uint64_t(l) << 32) ^ uint64_t(src[j]);
+        h ^= h >> 31;
+        h *= 0xBF58476D1CE4E5B9ull;
+        h ^= h >> 29;
+        const int start = int(h % uint64_t(group));
+        for (int i = 0; i < per; ++i) dst[j * size_t(per) + size_t(i)] = src[j] * group + (start + i) % group;
+      }
     }
   }
   return out;

@@ -20,9 +20,10 @@ class TraceRouting final : public RoutingOverride {
   // layers: model layer l replays trace layer l % trace.n_layer. Experts: the same ids when the
   // shapes agree; else, when the model's expert count and top-k are multiples of the trace's
   // (Mixtral's 8 top-2 onto Qwen3's 128 top-8), each trace expert e stands for a group of
-  // n_expert / trace.n_expert model experts, of which it picks top_k / trace.top_k (rotated
-  // between the model layers that share a trace layer), so the skew between groups is the
-  // trace's. Errors: shapes that do not map so, steps with fewer experts than the trace's top-k.
+  // n_expert / trace.n_expert model experts, of which it picks top_k / trace.top_k consecutive
+  // ones from a position hashed from (token, layer, e): the groups keep the trace's skew and its
+  // token-to-token overlap, the experts within a group are used evenly (a trace of 8 experts says
+  // nothing finer). Errors: shapes that do not map so, steps with fewer experts than top-k.
   static Result<std::unique_ptr<TraceRouting>> make(const RoutingTrace& trace, const HParams& hp);
 
   void choose(int il, int64_t n_tok, Routing& r) override;
