@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/hash.h"
 #include "storage/block_reader.h"
 #include "test_support.h"
 
@@ -32,13 +33,6 @@ using storage::FaultInjection;
 using storage::kDirectAlign;
 
 uint64_t align_up(uint64_t x) { return (x + kDirectAlign - 1) / kDirectAlign * kDirectAlign; }
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // A fresh directory holding one file of `bytes` seeded random non-zero bytes (a read that leaves
 // zeros shows); removed with the object. 4 MiB + 3000: a partial last block, and a buffer small

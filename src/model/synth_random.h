@@ -5,14 +5,11 @@
 
 #include <cstdint>
 
+#include "base/hash.h"
+
 namespace strata::synth_random {
 
-// SplitMix64's output function: a bijective 64-bit mixer.
-inline uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+using strata::mix64;
 
 // A stream keyed by (seed, a, b): different keys give unrelated streams.
 class Rng {

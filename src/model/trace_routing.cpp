@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "base/hash.h"
+
 namespace strata {
 
 Result<std::unique_ptr<TraceRouting>> TraceRouting::make(const RoutingTrace& trace, const HParams& hp) {
@@ -46,10 +48,7 @@ Result<std::unique_ptr<TraceRouting>> TraceRouting::make(const RoutingTrace& tra
       // which `per` of the group: a window at a position hashed from (token, model layer, trace
       // expert), so the model's experts are all used while the groups keep the trace's skew
       for (size_t j = 0; j < src.size(); ++j) {
-        uint64_t h = (uint64_t(t) * 0x9E3779B97F4A7C15ull) ^ (uint64_t(l) << 32) ^ uint64_t(src[j]);
-        h ^= h >> 31;
-        h *= 0xBF58476D1CE4E5B9ull;
-        h ^= h >> 29;
+        const uint64_t h = splitmix64(splitmix64(splitmix64(uint64_t(t)) + uint64_t(l)) + uint64_t(src[j]));
         const int start = int(h % uint64_t(group));
         for (int i = 0; i < per; ++i) dst[j * size_t(per) + size_t(i)] = src[j] * group + (start + i) % group;
       }

@@ -1,5 +1,7 @@
 #include "storage/block_reader.h"
 
+#include "base/hash.h"
+
 #include <fcntl.h>
 #include <liburing.h>
 #include <sys/stat.h>
@@ -32,13 +34,6 @@ constexpr size_t kMaxAttempt = size_t(1) << 30;
 constexpr uint64_t kStopTag = ~uint64_t(0);
 
 uint64_t align_up(uint64_t x) { return (x + kDirectAlign - 1) / kDirectAlign * kDirectAlign; }
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // Closes a file descriptor when it goes.
 struct FileDescriptor {

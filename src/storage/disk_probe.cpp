@@ -1,5 +1,7 @@
 #include "storage/disk_probe.h"
 
+#include "base/hash.h"
+
 #include <fcntl.h>
 #include <liburing.h>
 #include <linux/magic.h>
@@ -64,13 +66,6 @@ struct RemoveOnExit {
     if (!path.empty()) ::unlink(path.c_str());
   }
 };
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // What is read: `n_blocks` whole blocks of `block` bytes from the start of `fd`.
 struct ReadTarget {
