@@ -169,6 +169,41 @@ TEST(ExpertStore, FailedReadIsAnErrorNamingFileAndOffset) {
   EXPECT_EQ(s.n_past(), 0);  // nothing was taken as computed
 }
 
+// A prefetch that fails for an expert no layer then uses is nobody's error; the expert a layer does
+// use reads fine.
+TEST(ExpertStore, UnusedFailedPrefetchIsNotAnError) {
+  StreamedModel sm("tiny");
+  auto probe = Model::load(sm.path(), MappedFile::Mode::mmap, true, true);
+  ASSERT_TRUE(probe.ok());
+  const Weight& gate = (*probe)->layers[1].gate_exps;
+  storage::FaultInjection f;
+  f.fail_file = 0;
+  f.fail_offset = uint64_t(gate.data - (*probe)->file().bytes_.data()) + 3 * gate.mat_bytes();  // expert 3
+  f.fail_bytes = 1;
+  ExpertStoreOptions o = small_queue();
+  o.faults = &f;
+  auto m = sm.streamed(0, o);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  ExpertStore& store = *(*m)->expert_store;
+  const std::vector<int32_t> predicted = {3};
+  store.prefetch(1, 1, predicted);
+  store.drain();
+  const std::vector<int32_t> chosen = {5};
+  store.begin_layer(1, chosen);
+  const std::vector<ExpertView> views = store.acquire(1, chosen);
+  EXPECT_TRUE(views[0].wait());
+  store.release(views);
+  EXPECT_TRUE(store.take_error().ok());
+  // chosen after all: read on demand, fails, reported
+  store.begin_layer(1, predicted);
+  const std::vector<ExpertView> failed = store.acquire(1, predicted);
+  EXPECT_FALSE(failed[0].wait());
+  store.release(failed);
+  const Status e = store.take_error();
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().message.find(sm.path()), std::string::npos) << e.error().message;
+}
+
 // Many acquires with evictions and prefetches racing slow reads: every expert a caller gets holds
 // exactly the bytes the all-in-RAM model has for it, until it is released.
 TEST(ExpertStore, SlotsAreNeverReusedWhileInUse) {
@@ -193,6 +228,7 @@ TEST(ExpertStore, SlotsAreNeverReusedWhileInUse) {
       const std::vector<int32_t> ahead = {int32_t(rng() % 8), int32_t(rng() % 8 + 8) % 8};
       if (ahead[0] != ahead[1]) store.prefetch(layer + 1, 1, ahead);
     }
+    store.begin_layer(layer, ids);
     const std::vector<ExpertView> views = store.acquire(layer, ids);
     for (size_t i = 0; i < ids.size(); ++i) {
       ASSERT_TRUE(views[i].wait());

@@ -402,6 +402,7 @@ void moe_ffn(const cpu::CpuBackend& be, const LayerWeights& l, const Routing& r,
   // RAM), computed (ready experts first) and released. Groups go in id order and run_ffns adds each
   // token's experts in id order, so `out` sums exactly as in one call.
   const size_t chunk = size_t(store->chunk_experts());
+  store->begin_layer(layer, ids);
   for (size_t c0 = 0; c0 < ids.size(); c0 += chunk) {
     const std::span<const int32_t> group(ids.data() + c0, std::min(chunk, ids.size() - c0));
     const std::vector<ExpertView> views = store->acquire(layer, group);

@@ -38,7 +38,10 @@ bool ExpertView::wait() const {
                            std::memory_order_relaxed);
       return v == ExpertStore::kReady;
     }
-    if (v == ExpertStore::kRead && st.compare_exchange_strong(v, ExpertStore::kRepacking, std::memory_order_acquire)) {
+    if (v == ExpertStore::kRead) {
+      // another thread may win: then look again (waiting on whatever the failed exchange saw
+      // could be waiting on kReady, which nobody will change)
+      if (!st.compare_exchange_strong(v, ExpertStore::kRepacking, std::memory_order_acquire)) continue;
       for (const Weight* w : {&gate, &up, &down}) {
         if (!w->interleaved) continue;
         Weight file_layout = *w;
@@ -58,6 +61,10 @@ ExpertStore::ExpertStore(const Model& model, const ExpertStoreOptions& options)
     : model_(model), options_(options) {}
 
 ExpertStore::~ExpertStore() {
+  {
+    std::lock_guard lock(mu_);
+    prefetch_queue_.clear();  // completions during the drain must not start more reads
+  }
   if (reader_) reader_->drain();  // no read may land in the arena, nor call back, after this
   reader_.reset();
   if (arena_ != nullptr) ::munmap(arena_, size_t(n_slots_) * slot_bytes_);
@@ -158,12 +165,21 @@ Weight ExpertStore::view(int32_t slot, int role) const {
   return w;
 }
 
-std::vector<ExpertView> ExpertStore::acquire(int layer, std::span<const int32_t> experts) {
-  STRATA_CHECK(int(experts.size()) <= chunk_, "acquire() of more experts than chunk_experts()");
-  std::unique_lock lock(mu_);
+void ExpertStore::begin_layer(int layer, std::span<const int32_t> experts) {
+  std::lock_guard lock(mu_);
+  ++step_;
   std::erase_if(prefetch_queue_, [&](const PrefetchItem& p) { return p.layer <= layer; });
-  current_layer_ = layer;
-
+  // prefetched experts of earlier layers that those did not choose: no longer wanted
+  for (int32_t s : std::exchange(transit_prefetched_, {})) {
+    Slot& sl = slots_[size_t(s)];
+    if (!sl.prefetched || sl.mapped) continue;  // used (or taken in by the policy) meanwhile
+    if (shape_.layer_of(sl.key) < layer) {
+      sl.prefetched = false;
+      maybe_free(s);
+    } else {
+      transit_prefetched_.push_back(s);
+    }
+  }
   // how well the look-ahead predicted this layer
   const int D = options_.prefetch_depth;
   for (int d = 1; d <= D; ++d) {
@@ -175,7 +191,11 @@ std::vector<ExpertView> ExpertStore::acquire(int layer, std::span<const int32_t>
       stats_.predicted_right[size_t(d - 1)] += std::count(experts.begin(), experts.end(), e) > 0;
     p.clear();
   }
+}
 
+std::vector<ExpertView> ExpertStore::acquire(int layer, std::span<const int32_t> experts) {
+  STRATA_CHECK(int(experts.size()) <= chunk_, "acquire() of more experts than chunk_experts()");
+  std::unique_lock lock(mu_);
   std::vector<ExpertView> views;
   views.reserve(experts.size());
   for (int32_t e : experts) {
@@ -200,17 +220,6 @@ std::vector<ExpertView> ExpertStore::acquire(int layer, std::span<const int32_t>
     Slot& sl = slots_[size_t(s)];
     ++sl.pins;
     views.push_back({view(s, 0), view(s, 1), view(s, 2), &sl.state, &wait_ns_, s});
-  }
-  ++step_;
-  // prefetched experts of this layer (or earlier) that it did not choose: no longer wanted
-  for (int32_t s : std::exchange(transit_prefetched_, {})) {
-    Slot& sl = slots_[size_t(s)];
-    if (sl.prefetched && !sl.mapped && shape_.layer_of(sl.key) <= layer) {
-      sl.prefetched = false;
-      maybe_free(s);
-    } else if (sl.prefetched && !sl.mapped) {
-      transit_prefetched_.push_back(s);
-    }
   }
   return views;
 }
@@ -259,12 +268,25 @@ int32_t ExpertStore::admit(ExpertKey key, std::unique_lock<std::mutex>* wait) {
   const bool declined = victim == key;
   // declined: the expert is still read, into a slot outside the policy's capacity (the reserve),
   // freed once used (a demand read) or once its layer has passed (a prefetch)
-  int32_t s = !declined && victim != kNoExpert ? evict(victim) : -1;
+  int32_t s = -1, busy_victim = -1;
+  bool victim_prefetched = false;
+  if (!declined && victim != kNoExpert) {
+    const int32_t vs = slot_of_[size_t(victim)];
+    victim_prefetched = vs >= 0 && slots_[size_t(vs)].prefetched;
+    s = evict(victim);
+    if (s < 0) busy_victim = vs;
+  }
   if (s < 0) {
     // a prefetch leaves chunk_ free slots: all a demand chunk can need beyond evicting idle experts
     if (wait == nullptr ? free_.size() <= size_t(chunk_) : free_.empty()) {
-      if (wait == nullptr) {
+      if (wait == nullptr) {  // give up, and put back what insert() changed
         if (!declined) policy_->erase(key);
+        if (busy_victim >= 0) {  // still in its slot: it stays resident
+          STRATA_CHECK(policy_->insert(victim) == kNoExpert, "re-inserting an evicted expert evicted another");
+          slot_of_[size_t(victim)] = busy_victim;
+          slots_[size_t(busy_victim)].mapped = true;
+          slots_[size_t(busy_victim)].prefetched = victim_prefetched;
+        }
         return -1;
       }
       // Every slot is resident, pinned or being read; the reserve guarantees reads in flight or
@@ -318,7 +340,9 @@ void ExpertStore::on_read_done(uint64_t tag, const Status& status) {
   std::lock_guard lock(mu_);
   Slot& sl = slots_[size_t(s)];
   if (!status.ok()) {
-    if (error_.ok()) error_ = status;
+    // reported by the forward pass that holds the expert; an unused prefetch's failure is not
+    // its business (the expert is read again if a layer chooses it)
+    if (sl.pins > 0 && error_.ok()) error_ = status;
     sl.failed = true;
   }
   if (--sl.reads_left > 0) return;

@@ -99,10 +99,14 @@ class ExpertStore {
                                                    const ExpertStoreOptions& options);
   ~ExpertStore();
 
-  // The experts of layer `layer` a batch needs now (distinct ids): pins them and starts the reads
-  // of those not in RAM, then returns their views in the same order. The caller computes the ready
-  // ones first, wait()s for the others, and calls release() with the same ids when done. Blocks
-  // only when every slot is pinned or being read.
+  // Layer `layer` of a forward pass chose `experts` (all of them, distinct): counts the look-ahead's
+  // predictions for it, drops its queued prefetches and earlier layers' unused prefetched experts,
+  // and advances the policy's clock. Then acquire() takes them in chunks.
+  void begin_layer(int layer, std::span<const int32_t> experts);
+  // Up to chunk_experts() of the experts begin_layer() named: pins them and starts the reads of
+  // those not in RAM, then returns their views in the same order. The caller computes the ready
+  // ones first, wait()s for the others, and calls release() with the views when done. Blocks only
+  // when every slot is pinned or being read.
   std::vector<ExpertView> acquire(int layer, std::span<const int32_t> experts);
   void release(std::span<const ExpertView> views);
 
@@ -194,7 +198,6 @@ class ExpertStore {
   std::vector<int32_t> free_;        // slots holding nothing
   std::deque<PrefetchItem> prefetch_queue_;  // by layer, each layer's best first
   int64_t step_ = 0;                 // routing steps seen (policy time)
-  int current_layer_ = -1;           // the layer last acquired
   int in_flight_ = 0;                // expert reads started, not done
   int demand_waiting_ = 0;           // acquire() calls waiting for a free slot: prefetch yields
   double busy_since_ = 0;
