@@ -166,15 +166,21 @@ std::vector<RowTask> row_tasks(const std::vector<FfnWork>& ffns, const std::vect
   });
 }
 
-// Waits until v holds `value`, stored by another pool thread (which is running the task that stores it).
+// Waits until v holds `value`, stored (then notified) by another pool thread, which is running the
+// task that stores it: spins, then yields (that thread may have been descheduled), then sleeps (it
+// may be waiting for an NVMe read: milliseconds).
 void wait_for(const std::atomic<int32_t>& v, int32_t value) {
-  for (int spins = 0; v.load(std::memory_order_acquire) != value; ++spins) {
+  for (int spins = 0;; ++spins) {
+    const int32_t now = v.load(std::memory_order_acquire);
+    if (now == value) return;
     if (spins < 4096) {
 #if defined(__x86_64__)
       __builtin_ia32_pause();
 #endif
+    } else if (spins < 4096 + 256) {
+      std::this_thread::yield();
     } else {
-      std::this_thread::yield();  // the thread we wait for may have been descheduled
+      v.wait(now, std::memory_order_acquire);
     }
   }
 }
@@ -296,6 +302,7 @@ void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const
       for (int64_t t = 0; t < n; ++t)
         be.prepare_row(d0.type, &act[(row0 + size_t(t)) * size_t(F)], F, &ya[(row0 + size_t(t)) * ya_row]);
       left[size_t(task.block)].store(kQuantized, std::memory_order_release);
+      left[size_t(task.block)].notify_all();
     }
   });
 
