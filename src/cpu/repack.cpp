@@ -99,7 +99,7 @@ void interleave(Weight& w, uint8_t* data, bool on_pool) {
   const size_t group_bytes = w.row_bytes * kInterleaveRows;
   const int64_t per_task = std::max<int64_t>(1, (int64_t(1) << 20) / int64_t(group_bytes));  // ~1 MiB
   const Weight& cw = w;
-  auto task = [&](int64_t task, int) {
+  auto run_task = [&](int64_t task, int) {
     thread_local std::vector<uint8_t> tmp;
     tmp.resize(group_bytes);
     for (int64_t g = task * per_task; g < std::min(n_groups, (task + 1) * per_task); ++g) {
@@ -111,9 +111,9 @@ void interleave(Weight& w, uint8_t* data, bool on_pool) {
   };
   const int64_t n_tasks = (n_groups + per_task - 1) / per_task;
   if (on_pool) {
-    compute_pool().run(n_tasks, task);
+    compute_pool().run(n_tasks, run_task);
   } else {
-    for (int64_t i = 0; i < n_tasks; ++i) task(i, 0);
+    for (int64_t i = 0; i < n_tasks; ++i) run_task(i, 0);
   }
   w.interleaved = true;
 }
