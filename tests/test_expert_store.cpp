@@ -7,6 +7,7 @@
 
 #include <cinttypes>
 #include <cstring>
+#include <filesystem>
 #include <random>
 
 #include "engine/config.h"
@@ -143,6 +144,70 @@ TEST(ExpertStore, FaultyReaderStillExact) {
     ASSERT_TRUE(m.ok()) << m.error().message;
     expect_identical(run(**m, 12, 12), want);
   }
+}
+
+// Each fault on its own, through a decode: retries recover, the tokens stay exact.
+TEST(ExpertStore, DecodeUnderEachFault) {
+  StreamedModel sm("tiny");
+  const auto want = run(*sm.in_ram(), 6, 6);
+  struct Case {
+    const char* name;
+    storage::FaultInjection f;
+  };
+  std::vector<Case> cases(4);
+  cases[0].name = "EIO on 30% of attempts";
+  cases[0].f.eio_rate = 0.3;
+  cases[1].name = "short reads on 60%";
+  cases[1].f.short_read_rate = 0.6;
+  cases[2].name = "EAGAIN storm: 90%";
+  cases[2].f.eagain_rate = 0.9;
+  cases[3].name = "20 ms per attempt (~100x a local read)";
+  cases[3].f.latency_us = 20000;
+  for (Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    c.f.seed = 3;
+    ExpertStoreOptions o = small_queue();
+    o.faults = &c.f;
+    auto m = sm.streamed(0, o);
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    expect_identical(run(**m, 6, 6), want);
+    ExpertStore& store = *(*m)->expert_store;
+    store.drain();
+    EXPECT_EQ(store.slot_counts().other, 0);
+  }
+}
+
+// The model file cut short while the model runs: the experts past the cut are an error naming the
+// file, never zeros or a crash; the session does not advance.
+TEST(ExpertStore, FileTruncatedAfterStart) {
+  StreamedModel sm("tiny");
+  const std::string copy = sm.path() + ".cut";
+  std::filesystem::copy_file(sm.path(), copy, std::filesystem::copy_options::overwrite_existing);
+  struct Remove {
+    std::string p;
+    ~Remove() { std::remove(p.c_str()); }
+  } remove_copy{copy};
+  auto m = Model::load(copy, MappedFile::Mode::mmap, true, true);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  ExpertStoreOptions o = small_queue();
+  o.cache_bytes = uint64_t(1) << 30;
+  auto store = ExpertStore::open(**m, copy, o);
+  ASSERT_TRUE(store.ok()) << store.error().message;
+  (*m)->expert_store = std::move(*store);
+  // cut in the middle of the last layer's down stack (the resident weights are already in RAM)
+  const Weight& down = (*m)->layers.back().down_exps;
+  const uint64_t cut = uint64_t(down.data - (*m)->file().bytes_.data()) + down.mat_bytes() / 2;
+  std::filesystem::resize_file(copy, cut);
+  Session s(**m, 64);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 24; ++i) prompt.push_back(int32_t(i * 37 % (*m)->hparams().n_vocab));
+  auto l = s.eval(prompt);  // 24 tokens route to every expert of the last layer
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(l.error().message.find(copy), std::string::npos) << l.error().message;
+  EXPECT_NE(l.error().message.find("end of file"), std::string::npos) << l.error().message;
+  EXPECT_EQ(s.n_past(), 0);
+  (*m)->expert_store->drain();
+  EXPECT_EQ((*m)->expert_store->slot_counts().other, 0);
 }
 
 TEST(ExpertStore, FailedReadIsAnErrorNamingFileAndOffset) {
