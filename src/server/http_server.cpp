@@ -1,5 +1,7 @@
 #include "server/http_server.h"
 
+#include "storage/expert_store.h"
+
 #include <httplib.h>
 
 #include <chrono>
@@ -234,16 +236,21 @@ void HttpServer::routes() {
     metric("strata_sequences_active", "gauge", "sequences being decoded", double(m.active));
     metric("strata_queue_length", "gauge", "requests waiting for a sequence slot", double(m.queued));
     metric("strata_sequence_slots", "gauge", "sequences decoded together at most", double(scheduler_.options().max_sequences));
-    // tiers: every weight is in RAM in this build (no GPU tier #7, no NVMe tier #6)
-    t += "# HELP strata_expert_cache_hit_ratio share of routed-expert uses served by each tier\n"
+    // tiers: no GPU tier yet (#7); the NVMe tier when the experts are streamed (its own counters)
+    const ExpertStore* store = scheduler_.model().expert_store.get();
+    const ExpertStoreStats st = store ? store->stats() : ExpertStoreStats{};
+    const double ram_ratio = store ? st.hit_rate() : 1.0;
+    t += "# HELP strata_expert_cache_hit_ratio share of routed-expert uses served by each tier (since start)\n"
          "# TYPE strata_expert_cache_hit_ratio gauge\n";
-    t += "strata_expert_cache_hit_ratio{tier=\"vram\"} 0\nstrata_expert_cache_hit_ratio{tier=\"ram\"} 1\n"
-         "strata_expert_cache_hit_ratio{tier=\"nvme\"} 0\n";
-    t += "# HELP strata_weight_bytes_total weight bytes read by each tier (decode steps, estimated per token)\n"
+    t += strfmt("strata_expert_cache_hit_ratio{tier=\"vram\"} 0\nstrata_expert_cache_hit_ratio{tier=\"ram\"} %.6g\n"
+                "strata_expert_cache_hit_ratio{tier=\"nvme\"} %.6g\n",
+                ram_ratio, 1.0 - ram_ratio);
+    t += "# HELP strata_weight_bytes_total weight bytes read by each tier (ram: decode steps, estimated per token; "
+         "nvme: bytes read from the model file)\n"
          "# TYPE strata_weight_bytes_total counter\n";
     t += strfmt("strata_weight_bytes_total{tier=\"vram\"} 0\nstrata_weight_bytes_total{tier=\"ram\"} %.6g\n"
-                "strata_weight_bytes_total{tier=\"nvme\"} 0\n",
-                weight_bytes * double(m.completion_tokens_total));
+                "strata_weight_bytes_total{tier=\"nvme\"} %.6g\n",
+                weight_bytes * double(m.completion_tokens_total), double(st.bytes_read));
     res.set_content(t, "text/plain; version=0.0.4");
   });
 

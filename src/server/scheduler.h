@@ -96,6 +96,7 @@ class Scheduler {
   void cancel_all() { cancel_all_.store(true); }
   SchedulerMetrics metrics() const;
   const SchedulerOptions& options() const { return o_; }
+  const Model& model() const { return model_; }
 
  private:
   struct Slot;
