@@ -136,6 +136,54 @@ std::string message_text(const json& content, size_t i) {
   return text;
 }
 
+}  // namespace
+
+RequestError parse_completion_body(const std::string& text, bool chat, ChatFormat format, ParsedCompletion& out) {
+  json body;
+  try {
+    body = json::parse(text);
+  } catch (const json::exception& e) {
+    return {400, std::string("the body is not valid JSON: ") + e.what(), ""};
+  }
+  if (!body.is_object()) return {400, "the body must be a JSON object", ""};
+  try {
+    read_common(body, out.request, out.stream, out.include_usage);
+    if (chat) {
+      if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
+        throw BadField{"messages", "'messages' must be a non-empty array"};
+      std::vector<ChatMessage> messages;
+      for (size_t i = 0; i < body["messages"].size(); ++i) {
+        const json& m = body["messages"][i];
+        if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+          throw BadField{strfmt("messages[%zu].role", i), strfmt("'messages[%zu]' needs a string 'role'", i)};
+        std::string role = m["role"].get<std::string>();
+        if (role == "developer") role = "system";
+        if (role != "system" && role != "user" && role != "assistant" && role != "tool")
+          throw BadField{strfmt("messages[%zu].role", i), "unknown role '" + role + "'"};
+        messages.push_back({role, message_text(m.contains("content") ? m["content"] : json(nullptr), i)});
+      }
+      out.prompt = format_chat(format, messages, {});
+    } else {
+      if (!body.contains("prompt")) throw BadField{"prompt", "'prompt' is required"};
+      const json& p = body["prompt"];
+      if (p.is_string()) {
+        out.prompt = p.get<std::string>();
+      } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+        out.prompt = p[0].get<std::string>();
+      } else {
+        throw BadField{"prompt", "'prompt' must be a string (or an array of one string)"};
+      }
+    }
+  } catch (const BadField& b) {
+    return {400, b.message, b.param};
+  } catch (const json::exception& e) {
+    return {400, std::string("bad request: ") + e.what(), ""};
+  }
+  return {};
+}
+
+namespace {
+
 json usage_json(const CompletionSummary& s) {
   return {{"prompt_tokens", s.prompt_tokens},
           {"completion_tokens", s.completion_tokens},
@@ -255,55 +303,14 @@ void HttpServer::routes() {
   });
 
   auto completion = [this](const httplib::Request& req, httplib::Response& res, bool chat) {
-    json body;
-    try {
-      body = json::parse(req.body);
-    } catch (const json::exception& e) {
-      send_error(res, 400, std::string("the body is not valid JSON: ") + e.what(), "invalid_request_error");
+    ParsedCompletion parsed;
+    if (RequestError e = parse_completion_body(req.body, chat, format_, parsed); e.status != 0) {
+      send_error(res, e.status, e.message, "invalid_request_error", e.param);
       return;
     }
-    if (!body.is_object()) {
-      send_error(res, 400, "the body must be a JSON object", "invalid_request_error");
-      return;
-    }
-    CompletionRequest r;
-    bool stream = false, include_usage = false;
-    std::string prompt;
-    try {
-      read_common(body, r, stream, include_usage);
-      if (chat) {
-        if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
-          throw BadField{"messages", "'messages' must be a non-empty array"};
-        std::vector<ChatMessage> messages;
-        for (size_t i = 0; i < body["messages"].size(); ++i) {
-          const json& m = body["messages"][i];
-          if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-            throw BadField{strfmt("messages[%zu].role", i), strfmt("'messages[%zu]' needs a string 'role'", i)};
-          std::string role = m["role"].get<std::string>();
-          if (role == "developer") role = "system";
-          if (role != "system" && role != "user" && role != "assistant" && role != "tool")
-            throw BadField{strfmt("messages[%zu].role", i), "unknown role '" + role + "'"};
-          messages.push_back({role, message_text(m.contains("content") ? m["content"] : json(nullptr), i)});
-        }
-        prompt = format_chat(format_, messages, {});
-      } else {
-        if (!body.contains("prompt")) throw BadField{"prompt", "'prompt' is required"};
-        const json& p = body["prompt"];
-        if (p.is_string()) {
-          prompt = p.get<std::string>();
-        } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
-          prompt = p[0].get<std::string>();
-        } else {
-          throw BadField{"prompt", "'prompt' must be a string (or an array of one string)"};
-        }
-      }
-    } catch (const BadField& b) {
-      send_error(res, 400, b.message, "invalid_request_error", b.param);
-      return;
-    } catch (const json::exception& e) {
-      send_error(res, 400, std::string("bad request: ") + e.what(), "invalid_request_error");
-      return;
-    }
+    CompletionRequest r = std::move(parsed.request);
+    const bool stream = parsed.stream, include_usage = parsed.include_usage;
+    const std::string& prompt = parsed.prompt;
     // chat templates spell out BOS where they want one; raw text gets the vocabulary's own
     r.prompt = tok_.tokenize(prompt, !chat || format_ == ChatFormat::raw, chat);
     if (r.prompt.empty()) {

@@ -50,6 +50,22 @@ class HttpServer {
   std::unique_ptr<httplib::Server> http_;
 };
 
+// A completion request's body, checked: the request (sampling, limits, stop strings; prompt ids
+// not yet filled), the prompt text (chat messages formatted with `format`), and the stream flags.
+struct ParsedCompletion {
+  CompletionRequest request;
+  std::string prompt;
+  bool stream = false, include_usage = false;
+};
+// What to answer instead (status 0: the body is fine).
+struct RequestError {
+  int status = 0;
+  std::string message, param;
+};
+// The body of POST /v1/chat/completions (chat) or /v1/completions. Any bytes: a ParsedCompletion,
+// or a 400 with a message naming the field; never a crash (fuzz/fuzz_http_request.cpp).
+RequestError parse_completion_body(const std::string& body, bool chat, ChatFormat format, ParsedCompletion& out);
+
 // Constant-time comparison (API keys): the time does not depend on where the strings differ.
 bool constant_time_equal(const std::string& a, const std::string& b);
 
