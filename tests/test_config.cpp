@@ -122,6 +122,14 @@ TEST(Config, OverridesReplaceFileValuesAndAreValidatedAlike) {
   ASSERT_TRUE(into_value);
   c = parse_config(text, "t.toml", {*into_value});
   EXPECT_FALSE(c);
+  // a float where an integer goes, far beyond int64 (fuzz_config: toml++ converted it, undefined)
+  for (const char* f : {"cpu.threads=22222221122222221110.2", "cpu.threads=2.0", "storage.queue_depth=-1e300"}) {
+    auto o = parse_override(f);
+    ASSERT_TRUE(o) << f;
+    c = parse_config("", "t.toml", {*o});
+    ASSERT_FALSE(c) << f;
+    EXPECT_NE(c.error().message.find("must be an integer"), std::string::npos) << c.error().message;
+  }
 }
 
 TEST(Config, Sizes) {

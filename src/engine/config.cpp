@@ -48,8 +48,9 @@ struct KeySpec {
 };
 
 std::optional<std::string> read_int(const toml::node& n, int lo, int hi, int& out) {
-  const auto v = n.value<int64_t>();
-  if (!n.is_integer() || !v || *v < lo || *v > hi)
+  // value<int64_t>() of a float node converts it, undefined beyond int64's range (fuzz_config)
+  const auto v = n.is_integer() ? n.value<int64_t>() : std::nullopt;
+  if (!v || *v < lo || *v > hi)
     return "must be an integer from " + std::to_string(lo) + " to " + std::to_string(hi) + ", got " + describe(n);
   out = int(*v);
   return std::nullopt;
