@@ -7,6 +7,8 @@
 #endif
 #include <immintrin.h>
 
+#include <cstdint>
+
 #include "cpu/calibrate.h"
 
 namespace strata::cpu::detail {
@@ -38,7 +40,13 @@ double int8_loop_avx512(long iters) {
       _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
                        _mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7))),
       _mm512_add_epi32(_mm512_add_epi32(a8, a9), _mm512_add_epi32(a10, a11)));
-  volatile int sink = _mm512_reduce_add_epi32(s);
+  // summed as unsigned: the accumulators wrap by design (gcc's _mm512_reduce_add_epi32 adds as int,
+  // which UBSan reports as signed overflow)
+  alignas(64) uint32_t lanes[16];
+  _mm512_store_si512(lanes, s);
+  uint32_t sum = 0;
+  for (uint32_t v : lanes) sum += v;
+  volatile uint32_t sink = sum;
   (void)sink;
   return double(iters) * 12 * 64;
 }
