@@ -54,7 +54,7 @@ float max_abs(float amax, float v) {
 
 void dequantize_row_f32(const float* x, float* y, int64_t n) {
   STRATA_CHECK(n >= 0);
-  std::memcpy(y, x, size_t(n) * sizeof(float));
+  if (n > 0) std::memcpy(y, x, size_t(n) * sizeof(float));  // memcpy of null, even 0 bytes, is undefined
 }
 
 void dequantize_row_f16(const uint16_t* x, float* y, int64_t n) {
