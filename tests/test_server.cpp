@@ -282,6 +282,23 @@ TEST(Server, MoreRequestsThanSlotsQueueThenRefuse) {
   EXPECT_EQ(s.scheduler->metrics().active, 0);
 }
 
+// A prompt that leaves no room in a slot's context: a 400 with OpenAI's code, nothing queued, and
+// the server still answers.
+TEST(Server, PromptLongerThanTheContext) {
+  TestServer s(SchedulerOptions{.ctx = 32});
+  auto c = s.client();
+  json body = chat_body(4);
+  body["messages"][1]["content"] = std::string(400, 'a') + " the end";
+  auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_NE(r->body.find("context_length_exceeded"), std::string::npos) << r->body;
+  EXPECT_EQ(s.scheduler->metrics().queued, 0);
+  auto ok = c.Post("/v1/completions", json{{"prompt", "Hi"}, {"max_tokens", 2}}.dump(), "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
 TEST(Server, ApiKey) {
   TestServer s(SchedulerOptions{}, HttpOptions{.api_key = "sekret"});
   auto c = s.client();
