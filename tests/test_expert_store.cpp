@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstring>
 #include <filesystem>
@@ -32,6 +33,18 @@ class StreamedModel {
   }
   ~StreamedModel() { std::remove(path_.c_str()); }
   const std::string& path() const { return path_; }
+
+  // Faults on every read touching layer `layer`'s gate matrix of `expert` (all experts: -1).
+  storage::FaultInjection failing_gate(int layer, int expert = -1) const {
+    auto m = Model::load(path_, MappedFile::Mode::mmap, true, /*stream_experts=*/true);
+    STRATA_CHECK(m.ok());
+    const Weight& gate = (*m)->layers[size_t(layer)].gate_exps;
+    storage::FaultInjection f;
+    f.fail_file = 0;
+    f.fail_offset = uint64_t(gate.data - (*m)->file().bytes_.data()) + uint64_t(std::max(expert, 0)) * gate.mat_bytes();
+    f.fail_bytes = expert < 0 ? gate.mat_bytes() * uint64_t(gate.n_mat) : 1;
+    return f;
+  }
 
   std::unique_ptr<Model> in_ram() const {
     auto m = Model::load(path_, MappedFile::Mode::ram, true);
@@ -212,15 +225,7 @@ TEST(ExpertStore, FileTruncatedAfterStart) {
 
 TEST(ExpertStore, FailedReadIsAnErrorNamingFileAndOffset) {
   StreamedModel sm("tiny");
-  auto probe = Model::load(sm.path(), MappedFile::Mode::mmap, true, true);
-  ASSERT_TRUE(probe.ok());
-  // every read of layer 1's gate stack fails for good
-  const Weight& gate = (*probe)->layers[1].gate_exps;
-  const uint64_t at = uint64_t(gate.data - (*probe)->file().bytes_.data());
-  storage::FaultInjection f;
-  f.fail_file = 0;
-  f.fail_offset = at;
-  f.fail_bytes = gate.mat_bytes() * uint64_t(gate.n_mat);
+  const storage::FaultInjection f = sm.failing_gate(1);  // every read of layer 1's gate stack fails for good
   ExpertStoreOptions o = small_queue();
   o.faults = &f;
   auto m = sm.streamed(0, o);
@@ -238,13 +243,7 @@ TEST(ExpertStore, FailedReadIsAnErrorNamingFileAndOffset) {
 // use reads fine.
 TEST(ExpertStore, UnusedFailedPrefetchIsNotAnError) {
   StreamedModel sm("tiny");
-  auto probe = Model::load(sm.path(), MappedFile::Mode::mmap, true, true);
-  ASSERT_TRUE(probe.ok());
-  const Weight& gate = (*probe)->layers[1].gate_exps;
-  storage::FaultInjection f;
-  f.fail_file = 0;
-  f.fail_offset = uint64_t(gate.data - (*probe)->file().bytes_.data()) + 3 * gate.mat_bytes();  // expert 3
-  f.fail_bytes = 1;
+  const storage::FaultInjection f = sm.failing_gate(1, 3);
   ExpertStoreOptions o = small_queue();
   o.faults = &f;
   auto m = sm.streamed(0, o);

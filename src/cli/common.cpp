@@ -87,7 +87,6 @@ Result<Loaded> load_model(const CommonOptions& o, const char* cmd) {
     so.queue_depth = c.queue_depth;
     so.prefetch_depth = c.prefetch_depth;
     so.policy.kind = *parse_cache_policy(c.cache_policy);  // the config accepts only known names
-    so.repack = c.repack;
     auto store = ExpertStore::open(**m, c.model_path, so);
     if (!store) return store.error();
     (*m)->expert_store = std::move(*store);

@@ -443,14 +443,18 @@ void prefetch_experts(const cpu::CpuBackend& be, const Model& m, int il, const f
     }
     rms_norm_rows(x, l.ffn_norm, n_tok, E, hp.eps, h.data());
     const Routing r = route(be, hp, l, h.data(), n_tok);
-    std::vector<int32_t> ids;  // by rank, then token
-    for (int j = 0; j < r.k; ++j)
-      for (int64_t t = 0; t < n_tok; ++t) {
-        const int32_t e = r.ids[size_t(t * r.k + j)];
-        if (std::find(ids.begin(), ids.end(), e) == ids.end()) ids.push_back(e);
-      }
-    store->prefetch(il + d, d, ids);
+    store->prefetch(il + d, d, experts_by_rank(r.ids, n_tok, r.k));
   }
+}
+
+std::vector<int32_t> experts_by_rank(std::span<const int32_t> ids, int64_t n_tok, int k) {
+  std::vector<int32_t> out;
+  for (int j = 0; j < k; ++j)
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const int32_t e = ids[size_t(t * k + j)];
+      if (std::find(out.begin(), out.end(), e) == out.end()) out.push_back(e);
+    }
+  return out;
 }
 
 void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const float* q,

@@ -31,6 +31,10 @@ class RoutingOverride {
   virtual std::vector<int32_t> peek(int il, int64_t n_tok) const = 0;
 };
 
+// The distinct experts of ids [n_tok][k], best rank first (every token's first choice, then every
+// token's second, ...): the order in which the NVMe look-ahead reads them.
+std::vector<int32_t> experts_by_rank(std::span<const int32_t> ids, int64_t n_tok, int k);
+
 // Router of layer `l` (plus its bias, if any) applied to h [n_tok][n_embd] with the architecture's
 // gating rule (hp.gating).
 Routing route(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& l, const float* h,

@@ -76,6 +76,7 @@ class TensorGetter {
 
   uint64_t repacked_bytes = 0;  // what get() interleaved, and how long it took
   double repack_seconds = 0;
+  uint64_t resident_bytes = 0;  // copied (stream mode)
 
   // `ne` is the expected shape (row dimension first). Missing optional tensors give an empty Weight.
   Result<Weight> get(const std::string& name, std::vector<int64_t> ne, bool required = true) {
@@ -154,9 +155,6 @@ class TensorGetter {
   int fd_ = -1;
   std::unordered_map<const uint8_t*, uint8_t*> copies_;  // file bytes -> their copy
   std::unordered_set<const uint8_t*> interleaved_;
-
- public:
-  uint64_t resident_bytes = 0;  // copied (stream mode)
 };
 
 #define ASSIGN_OR_RETURN(lhs, expr) \

@@ -64,13 +64,9 @@ void TraceRouting::choose(int il, int64_t n_tok, Routing& r) {
 }
 
 std::vector<int32_t> TraceRouting::peek(int il, int64_t n_tok) const {
-  std::vector<int32_t> ids;
-  for (int j = 0; j < k_; ++j)  // by rank, then token, as the look-ahead orders the routers' picks
-    for (int64_t t = 0; t < n_tok; ++t) {
-      const int32_t e = token(il, pos_[size_t(il)] + t)[j];
-      if (std::find(ids.begin(), ids.end(), e) == ids.end()) ids.push_back(e);
-    }
-  return ids;
+  std::vector<int32_t> ids(size_t(n_tok * k_));
+  for (int64_t t = 0; t < n_tok; ++t) std::copy_n(token(il, pos_[size_t(il)] + t), k_, &ids[size_t(t * k_)]);
+  return experts_by_rank(ids, n_tok, k_);  // the order the look-ahead gives the routers' picks
 }
 
 Result<std::unique_ptr<TraceRouting>> make_routing_override(const std::string& mode, const HParams& hp) {

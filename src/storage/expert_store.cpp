@@ -168,7 +168,7 @@ Weight ExpertStore::view(int32_t slot, int role) const {
 void ExpertStore::begin_layer(int layer, std::span<const int32_t> experts) {
   std::lock_guard lock(mu_);
   ++step_;
-  std::erase_if(prefetch_queue_, [&](const PrefetchItem& p) { return p.layer <= layer; });
+  std::erase_if(prefetch_queue_, [&](ExpertKey k) { return shape_.layer_of(k) <= layer; });
   // prefetched experts of earlier layers that those did not choose: no longer wanted
   for (int32_t s : std::exchange(transit_prefetched_, {})) {
     Slot& sl = slots_[size_t(s)];
@@ -367,13 +367,13 @@ void ExpertStore::prefetch(int layer, int distance, std::span<const int32_t> exp
   std::lock_guard lock(mu_);
   predicted_[size_t(layer) * size_t(options_.prefetch_depth + 1) + size_t(distance)].assign(experts.begin(), experts.end());
   // a newer prediction for the layer replaces the one still queued
-  std::erase_if(prefetch_queue_, [&](const PrefetchItem& p) { return p.layer == layer; });
-  auto at = std::find_if(prefetch_queue_.begin(), prefetch_queue_.end(), [&](const PrefetchItem& p) { return p.layer > layer; });
-  std::vector<PrefetchItem> items;
+  std::erase_if(prefetch_queue_, [&](ExpertKey k) { return shape_.layer_of(k) == layer; });
+  auto at = std::find_if(prefetch_queue_.begin(), prefetch_queue_.end(), [&](ExpertKey k) { return shape_.layer_of(k) > layer; });
+  std::vector<ExpertKey> items;
   for (int32_t e : experts) {
     STRATA_CHECK(e >= 0 && e < shape_.n_expert);
     const ExpertKey key = shape_.key(layer, e);
-    if (slot_of_[size_t(key)] < 0) items.push_back({key, layer});
+    if (slot_of_[size_t(key)] < 0) items.push_back(key);
   }
   prefetch_queue_.insert(at, items.begin(), items.end());
   pump_prefetch();
@@ -384,10 +384,10 @@ void ExpertStore::pump_prefetch() {
   // one batch at most.
   const int max_experts = std::max(1, options_.queue_depth / kRoles);
   while (!prefetch_queue_.empty() && in_flight_ < max_experts && demand_waiting_ == 0) {
-    const PrefetchItem item = prefetch_queue_.front();
+    const ExpertKey key = prefetch_queue_.front();
     prefetch_queue_.pop_front();
-    if (slot_of_[size_t(item.key)] >= 0) continue;
-    const int32_t s = admit(item.key, nullptr);
+    if (slot_of_[size_t(key)] >= 0) continue;
+    const int32_t s = admit(key, nullptr);
     if (s < 0) continue;
     start_read(s, false);
     if (!slots_[size_t(s)].mapped) transit_prefetched_.push_back(s);

@@ -42,7 +42,6 @@ struct ExpertStoreOptions {
   int queue_depth = 32;       // storage.queue_depth
   int prefetch_depth = 2;     // storage.prefetch_depth: layers of routing look-ahead (0: none)
   CachePolicyOptions policy;  // storage.cache_policy
-  bool repack = true;         // interleave experts as the resident weights are (cpu.repack)
   bool use_io_uring = true;
   bool direct = true;          // O_DIRECT (tests on tmpfs may turn it off)
   const storage::FaultInjection* faults = nullptr;  // tests
@@ -156,10 +155,6 @@ class ExpertStore {
     bool prefetched = false;    // read by prefetch and not yet used (kept until its layer passes)
     bool failed = false;        // one of its reads failed
   };
-  struct PrefetchItem {
-    ExpertKey key;
-    int layer;
-  };
 
   ExpertStore(const Model& model, const ExpertStoreOptions& options);
   // Under mu_. admit: a slot for the non-resident `key`, inserted into the policy when it accepts
@@ -196,7 +191,7 @@ class ExpertStore {
   std::vector<int32_t> slot_of_;     // [n_keys] the slot holding it (resident or prefetched), or -1
   std::vector<int32_t> transit_prefetched_;  // prefetched slots the policy declined, not yet used
   std::vector<int32_t> free_;        // slots holding nothing
-  std::deque<PrefetchItem> prefetch_queue_;  // by layer, each layer's best first
+  std::deque<ExpertKey> prefetch_queue_;  // by layer, each layer's best first
   int64_t step_ = 0;                 // routing steps seen (policy time)
   int in_flight_ = 0;                // expert reads started, not done
   int demand_waiting_ = 0;           // acquire() calls waiting for a free slot: prefetch yields
