@@ -5,12 +5,25 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "server/http_server.h"
+#include "storage/expert_store.h"
 #include "test_support.h"
 
 namespace strata::server {
@@ -27,10 +40,26 @@ struct TestServer {
   std::thread thread;
   int port = 0;
 
-  explicit TestServer(SchedulerOptions so = {}, HttpOptions ho = {}) {
-    auto m = Model::load((test::data_dir() / "models" / "qwen3moe" / "model-Q4_K_M.gguf").string());
+  // `cache_slots` > 0: the routed experts stay in the file, streamed through an expert store of
+  // that many slots (the NVMe tier); 0: everything in RAM.
+  explicit TestServer(SchedulerOptions so = {}, HttpOptions ho = {}, int64_t cache_slots = 0) {
+    const std::string path = (test::data_dir() / "models" / "qwen3moe" / "model-Q4_K_M.gguf").string();
+    auto m = Model::load(path, MappedFile::Mode::mmap, true, /*stream_experts=*/cache_slots > 0);
     EXPECT_TRUE(m);
     model = std::move(*m);
+    if (cache_slots > 0) {
+      ExpertStoreOptions o;
+      o.queue_depth = 3;
+      o.prefetch_depth = 1;
+      o.cache_bytes = uint64_t(1) << 30;  // first a store with room to spare, for the slot size
+      auto probe = ExpertStore::open(*model, path, o);
+      EXPECT_TRUE(probe);
+      o.cache_bytes = uint64_t(std::max((*probe)->min_slots(), cache_slots)) * (*probe)->slot_bytes();
+      probe->reset();
+      auto store = ExpertStore::open(*model, path, o);
+      EXPECT_TRUE(store);
+      model->expert_store = std::move(*store);
+    }
     auto t = Tokenizer::from_gguf(model->file());
     EXPECT_TRUE(t);
     tok = std::make_unique<Tokenizer>(std::move(*t));
@@ -320,6 +349,262 @@ TEST(Server, ApiKey) {
   EXPECT_FALSE(constant_time_equal("abc", "abd"));
   EXPECT_FALSE(constant_time_equal("abc", "abcd"));
   EXPECT_FALSE(constant_time_equal("", "a"));
+}
+
+
+// HttpServer::handle_bytes (what fuzz/fuzz_http_connection.cpp drives): a connection's raw bytes
+// through the same parser and routes as a socket, keep-alive requests answered in order; a
+// header cut short gets a 400, not a crash.
+TEST(Server, RawBytesThroughTheSameRoutes) {
+  TestServer s(SchedulerOptions{}, HttpOptions{.api_key = "k"});
+  const std::string body = json{{"prompt", "Hi"}, {"max_tokens", 2}}.dump();
+  const std::string post = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
+                           "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string out = s.http->handle_bytes("GET /health HTTP/1.1\r\nHost: x\r\n\r\n" + post +
+                                               "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_EQ(out.rfind("HTTP/1.1 200", 0), 0u) << out;
+  size_t n_ok = 0;
+  for (size_t p = 0; (p = out.find("HTTP/1.1 200", p)) != std::string::npos; ++p) ++n_ok;
+  EXPECT_EQ(n_ok, 2u) << out;  // health, the completion; models without the key: 401
+  EXPECT_NE(out.find("\"text_completion\""), std::string::npos) << out;
+  EXPECT_NE(out.find("HTTP/1.1 401"), std::string::npos) << out;
+  const std::string cut = s.http->handle_bytes("POST /v1/completions HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n{");
+  EXPECT_TRUE(cut.empty() || cut.rfind("HTTP/1.1 4", 0) == 0) << cut;
+}
+
+// ---- bounded soak ----------------------------------------------------------------------------
+
+int env_int(const char* name, int def) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : def;
+}
+
+// Resident set size of this process, bytes.
+int64_t rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
+  return -1;
+}
+
+int64_t open_fds() {
+  int64_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+// What a soak client did with one request, and what came back.
+enum class Outcome { ok, streamed_ok, hung_up, gave_up, half_request, queue_full, too_long, bad };
+
+// One well-formed non-streamed completion body, or why not.
+std::string check_plain(const std::string& body, bool chat) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const std::exception& e) {
+    return std::string("not JSON: ") + e.what();
+  }
+  if (j.value("object", "") != (chat ? "chat.completion" : "text_completion")) return "wrong object";
+  if (!j.contains("choices") || j["choices"].size() != 1) return "no choice";
+  const json& ch = j["choices"][0];
+  const json& text = chat ? ch["message"]["content"] : ch["text"];
+  if (!text.is_string()) return "no text";
+  const std::string reason = ch.value("finish_reason", "");
+  if (reason != "stop" && reason != "length") return "finish_reason '" + reason + "'";
+  const json& u = j["usage"];
+  if (!u.contains("completion_tokens") || u["completion_tokens"].get<int>() < 1 ||
+      u["total_tokens"].get<int>() != u["prompt_tokens"].get<int>() + u["completion_tokens"].get<int>())
+    return "bad usage";
+  return "";
+}
+
+// A complete event stream: JSON chunks, one finish reason, then [DONE].
+std::string check_stream(const std::string& body) {
+  const auto events = sse_events(body);
+  if (events.empty() || events.back() != "[DONE]") return "no [DONE]";
+  int finishes = 0;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    json e;
+    try {
+      e = json::parse(events[i]);
+    } catch (const std::exception& ex) {
+      return std::string("chunk not JSON: ") + ex.what();
+    }
+    if (e.contains("error")) return "error chunk";
+    for (const json& ch : e["choices"])
+      if (!ch["finish_reason"].is_null()) ++finishes;
+  }
+  return finishes == 1 ? "" : "finish reasons: " + std::to_string(finishes);
+}
+
+// An error answer of the kind expected under load: 429 queue_full or 400 context_length_exceeded.
+Outcome classify_error(int status, const std::string& body) {
+  if (status == 429 && body.find("queue_full") != std::string::npos) return Outcome::queue_full;
+  if (status == 400 && body.find("context_length_exceeded") != std::string::npos) return Outcome::too_long;
+  return Outcome::bad;
+}
+
+// N clients on loopback against a server streaming its experts through a small cache: random
+// prompt lengths (some longer than the context), plain and streamed requests, clients that hang
+// up mid-stream, give up before a plain answer, or send half a request and close. At the end:
+// every response well formed or an expected 429/400, no sequence active or queued, every cache
+// slot free or resident (no pin or read left), as many open descriptors as at the start, and RSS
+// no higher than after the warm-up plus a margin. STRATA_SOAK_REQUESTS / STRATA_SOAK_CLIENTS make
+// it longer (docs/reliability.md).
+TEST(Server, SoakConcurrentClientsWithCancellations) {
+  const int n_requests = env_int("STRATA_SOAK_REQUESTS", 120);
+  const int n_clients = env_int("STRATA_SOAK_CLIENTS", 6);
+  TestServer s(SchedulerOptions{.max_sequences = 3, .max_queue = 3, .ctx = 256}, HttpOptions{}, /*cache_slots=*/1);
+  ASSERT_TRUE(s.model->expert_store);
+  const ExpertStore& store = *s.model->expert_store;
+  {  // warm-up: the first requests allocate the slots' sessions and the allocator's arenas
+    auto c = s.client();
+    for (int i = 0; i < 3; ++i) ASSERT_EQ(c.Post("/v1/chat/completions", chat_body(8, i == 1).dump(), "application/json")->status, 200);
+  }
+  const int64_t fds0 = open_fds(), rss0 = rss_bytes();
+
+  std::atomic<int> next{0};
+  std::mutex mu;
+  std::map<Outcome, int> counts;
+  std::vector<std::string> failures;
+  auto client = [&](int id) {
+    std::mt19937 rng(uint32_t(1000 + id));
+    for (int n = next++; n < n_requests; n = next++) {
+      const int kind = int(rng() % 6);
+      const bool chat = rng() % 2 == 0;
+      const int words = rng() % 10 == 0 ? 400 : 1 + int(rng() % 60);  // one in ten longer than the context
+      std::string text;
+      for (int w = 0; w < words; ++w) {
+        if (w) text += ' ';
+        text += w % 3 ? "bird" : "sky";
+      }
+      json body = chat ? json{{"messages", json::array({{{"role", "user"}, {"content", text}}})}} : json{{"prompt", text}};
+      body["max_tokens"] = 1 + int(rng() % 24);
+      body["temperature"] = (rng() % 2) ? 0.0 : 0.8;
+      body["seed"] = n;
+      const char* path = chat ? "/v1/chat/completions" : "/v1/completions";
+      Outcome out = Outcome::bad;
+      std::string why;
+      if (kind == 5) {  // half a request, then the connection closes
+        const std::string half = "POST " + std::string(path) + " HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{\"pro";
+        const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(uint16_t(s.port));
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+            ::send(fd, half.data(), half.size(), MSG_NOSIGNAL) == ssize_t(half.size()))
+          out = Outcome::half_request;
+        else
+          why = "cannot connect";
+        if (fd >= 0) ::close(fd);
+      } else if (kind >= 2) {  // streamed: read to the end (2, 3) or hang up after a few chunks (4)
+        body["stream"] = true;
+        httplib::Client c("127.0.0.1", s.port);
+        c.set_read_timeout(60, 0);
+        httplib::Request req;
+        req.method = "POST";
+        req.path = path;
+        req.body = body.dump();
+        req.set_header("Content-Type", "application/json");
+        std::string got;
+        const int hang_up_after = kind == 4 ? 1 + int(rng() % 4) : -1;
+        int chunks = 0;
+        bool hung_up = false;
+        req.content_receiver = [&](const char* d, size_t len, uint64_t, uint64_t) {
+          got.append(d, len);
+          if (++chunks == hang_up_after && got.rfind("data: ", 0) == 0) hung_up = true;  // an event stream
+          return !hung_up;
+        };
+        httplib::Response res;
+        httplib::Error err = httplib::Error::Success;
+        const bool sent = c.send(req, res, err);
+        if (hung_up) {
+          out = Outcome::hung_up;
+        } else if (!sent) {
+          why = "stream failed: " + httplib::to_string(err);
+        } else if (res.status == 200) {
+          why = check_stream(got);
+          if (why.empty()) out = Outcome::streamed_ok;
+        } else {
+          out = classify_error(res.status, got);
+          if (out == Outcome::bad) why = strfmt("status %d: %s", res.status, got.c_str());
+        }
+      } else {  // plain: wait for the answer (0), or give up after a few milliseconds (1)
+        httplib::Client c("127.0.0.1", s.port);
+        if (kind == 1) {
+          c.set_read_timeout(0, 1000 * (1 + int(rng() % 20)));
+        } else {
+          c.set_read_timeout(60, 0);
+        }
+        auto r = c.Post(path, body.dump(), "application/json");
+        if (!r) {
+          if (kind == 1) out = Outcome::gave_up;
+          else why = "no answer: " + httplib::to_string(r.error());
+        } else if (r->status == 200) {
+          why = check_plain(r->body, chat);
+          if (why.empty()) out = Outcome::ok;
+        } else {
+          out = classify_error(r->status, r->body);
+          if (out == Outcome::bad) why = strfmt("status %d: %s", r->status, r->body.c_str());
+        }
+      }
+      if (out == Outcome::queue_full)  // "retry later": a client backs off
+        std::this_thread::sleep_for(std::chrono::milliseconds(10 + rng() % 40));
+      std::lock_guard lock(mu);
+      ++counts[out];
+      if (out == Outcome::bad) failures.push_back(strfmt("request %d (kind %d): %s", n, kind, why.c_str()));
+    }
+  };
+  std::vector<std::thread> clients;
+  for (int i = 0; i < n_clients; ++i) clients.emplace_back(client, i);
+  for (auto& t : clients) t.join();
+
+  // the server finishes what clients left behind (bounded wait), then everything is back
+  SchedulerMetrics m = s.scheduler->metrics();
+  for (int i = 0; i < 600 && (m.active > 0 || m.queued > 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    m = s.scheduler->metrics();
+  }
+  EXPECT_EQ(m.active, 0);
+  EXPECT_EQ(m.queued, 0);
+  s.model->expert_store->drain();
+  const ExpertStore::SlotCounts sc = store.slot_counts();
+  EXPECT_EQ(sc.other, 0) << "slots pinned or loading after the soak";
+  EXPECT_EQ(sc.free + sc.resident + sc.prefetched, store.arena_bytes() / store.slot_bytes());
+  // descriptors: the server closes connections on its own schedule (keep-alive); bounded wait
+  int64_t fds = open_fds();
+  for (int i = 0; i < 200 && fds > fds0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    fds = open_fds();
+  }
+  EXPECT_LE(fds, fds0) << "descriptors still open";
+  const int64_t rss = rss_bytes();
+  EXPECT_LT(rss, rss0 + (64 << 20)) << "RSS grew from " << rss0 / 1048576 << " to " << rss / 1048576 << " MiB";
+  {  // still serving
+    auto c = s.client();
+    auto r = c.Post("/v1/completions", json{{"prompt", "Hi"}, {"max_tokens", 2}}.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+  }
+
+  for (const std::string& f : failures) ADD_FAILURE() << f;
+  const ExpertStoreStats st = store.stats();
+  const char* names[] = {"ok", "streamed_ok", "hung_up", "gave_up", "half_request", "queue_full", "too_long", "bad"};
+  std::string summary;
+  for (const auto& [o, n] : counts) summary += strfmt("%s %d  ", names[int(o)], n);
+  std::printf("soak: %d requests from %d clients: %s; %lld accepted, %lld cancelled, %lld completion tokens; "
+              "RSS %.1f -> %.1f MiB; expert store: %lld uses, %lld demand reads, %lld prefetches, slots free %lld "
+              "resident %lld prefetched %lld\n",
+              n_requests, n_clients, summary.c_str(), (long long)m.requests_total, (long long)m.requests_cancelled,
+              (long long)m.completion_tokens_total, double(rss0) / 1048576, double(rss) / 1048576,
+              (long long)st.accesses, (long long)st.demand_reads, (long long)st.prefetch_reads, (long long)sc.free,
+              (long long)sc.resident, (long long)sc.prefetched);
+  EXPECT_EQ(counts[Outcome::bad], 0);
+  EXPECT_GT(counts[Outcome::ok] + counts[Outcome::streamed_ok], n_requests / 10);  // not all refused
+  EXPECT_GT(counts[Outcome::hung_up], 0);
+  EXPECT_GT(st.demand_reads, int64_t(store.arena_bytes() / store.slot_bytes()));  // the cache was too small: evictions
 }
 
 }  // namespace

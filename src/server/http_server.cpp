@@ -5,6 +5,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -25,6 +26,51 @@ bool constant_time_equal(const std::string& a, const std::string& b) {
 }
 
 namespace {
+
+// A connection held in memory: reads come from a buffer, writes go to a string.
+class BufferStream final : public httplib::Stream {
+ public:
+  explicit BufferStream(std::string_view in) : in_(in) {}
+  bool is_readable() const override { return true; }
+  bool is_writable() const override { return true; }
+  ssize_t read(char* ptr, size_t size) override {
+    const size_t n = std::min(size, in_.size() - pos_);
+    std::memcpy(ptr, in_.data() + pos_, n);
+    pos_ += n;
+    return ssize_t(n);
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    out.append(ptr, size);
+    return ssize_t(size);
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    ip = "127.0.0.1";
+    port = 0;
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    ip = "127.0.0.1";
+    port = 0;
+  }
+  socket_t socket() const override { return INVALID_SOCKET; }
+  bool at_end() const { return pos_ >= in_.size(); }
+  std::string out;
+
+ private:
+  std::string_view in_;
+  size_t pos_ = 0;
+};
+
+// httplib's per-connection request loop, reachable for a stream that is not a socket.
+class RawServer final : public httplib::Server {
+ public:
+  void serve(BufferStream& s) {
+    // keep-alive: one request after the other until the input ends or one fails to parse
+    for (int i = 0; i < 64 && !s.at_end(); ++i) {
+      bool closed = false;
+      if (!process_request(s, false, closed, nullptr) || closed) break;
+    }
+  }
+};
 
 // Model text may hold invalid UTF-8 (a byte-level token split or a random-weight model): it is
 // sent with U+FFFD in place of the bad bytes rather than failing the response.
@@ -205,7 +251,7 @@ HttpServer::HttpServer(Scheduler& scheduler, const Tokenizer& tok, ChatFormat fo
       summary_(summary),
       o_(std::move(o)),
       created_(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()),
-      http_(std::make_unique<httplib::Server>()) {
+      http_(std::make_unique<RawServer>()) {
   routes();
 }
 
@@ -224,6 +270,11 @@ Result<int> HttpServer::bind() {
 }
 
 void HttpServer::run() { http_->listen_after_bind(); }
+std::string HttpServer::handle_bytes(std::string_view input) {
+  BufferStream s(input);
+  static_cast<RawServer&>(*http_).serve(s);
+  return std::move(s.out);
+}
 void HttpServer::stop() {
   if (http_) http_->stop();
 }

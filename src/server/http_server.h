@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "base/error.h"
 #include "model/chat_template.h"
@@ -37,6 +38,10 @@ class HttpServer {
   // Serves until stop() (blocks).
   void run();
   void stop();
+  // One connection's bytes (request line, headers, body; possibly several requests) answered
+  // through the same parser and routes as a socket, without one: the raw response bytes
+  // (fuzz/fuzz_http_request.cpp). Blocks until every response is complete.
+  std::string handle_bytes(std::string_view input);
 
  private:
   void routes();
