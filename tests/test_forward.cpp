@@ -241,6 +241,7 @@ TEST(Forward, Qwen2MoeFixtures) { check_arch("qwen2moe"); }
 TEST(Forward, MixtralFixtures) { check_arch("llama"); }
 TEST(Forward, DeepSeek2Fixtures) { check_arch("deepseek2"); }
 TEST(Forward, GptOssFixtures) { check_arch("gpt-oss"); }
+TEST(Forward, DeepSeek4Fixtures) { check_arch("deepseek4"); }
 
 }  // namespace
 }  // namespace strata

@@ -84,7 +84,7 @@ int run_chat(ChatCliOptions o) {
                    ids.size(), ctx);
       return 1;
     }
-    session.truncate(int64_t(common));
+    common = size_t(session.truncate(int64_t(common)));
     cached.resize(common);
     std::vector<TokenId> history = cached;
     auto r = generate(session, *tok, sampler, std::span<const TokenId>(ids).subspan(common), history,

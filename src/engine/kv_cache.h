@@ -30,6 +30,22 @@ struct KvCache {
   std::vector<std::vector<float>> v;  // [layer][k_heads][n_ctx][v_width / k_heads] (GQA only, f32)
   std::vector<std::vector<uint16_t>> k16, v16;  // the same layouts in half (GQA, KvType::f16)
 
+  // deepseek4's compressed attention, per layer (ratio 0: unused). A compressor keeps the (a, s)
+  // rows of the tokens its next block pools in a ring (token p in slot p mod slots: 2 x ratio
+  // slots for ratio 4, whose blocks also pool the previous block, ratio slots for 128); a block's
+  // row is appended when its last token is processed and never changes. The indexer's keys (ratio
+  // 4) are built the same way from their own ring.
+  struct Compressor {
+    int slots = 0, pool_width = 0, width = 0;  // ring slots, values per (a, s), row width
+    std::vector<float> ring_a, ring_s;         // [slots][pool_width]
+    std::vector<float> rows;                   // [n_ctx / ratio][width]
+  };
+  struct CompressedLayer {
+    int ratio = 0;
+    Compressor attn, index;
+  };
+  std::vector<CompressedLayer> compressed;
+
   void init(int n_layer, int ctx, int kw, int vw) {
     type = KvType::f32;
     n_ctx = ctx;

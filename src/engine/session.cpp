@@ -24,6 +24,9 @@ Status run_forward(const Model& m, const cpu::CpuBackend& be, std::span<const Se
     case Arch::deepseek2:
       forward_deepseek2(m, be, seqs, tokens, all_logits, logits);
       break;
+    case Arch::deepseek4:
+      forward_deepseek4(m, be, seqs, tokens, all_logits, logits);
+      break;
   }
   return m.expert_store ? m.expert_store->take_error() : Status::success();
 }

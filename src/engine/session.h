@@ -34,10 +34,14 @@ class Session {
   int n_ctx() const { return cache_.n_ctx; }
   KvType kv_type() const { return cache_.type; }
   void reset() { n_past_ = 0; }
-  // Forgets every position from n on (their cache rows are overwritten by the next eval).
-  void truncate(int64_t n) {
+  // Forgets every position from n on (their cache rows are overwritten by the next eval). Returns
+  // the positions kept: n, or 0 where the cache cannot resume inside what it held (deepseek4's
+  // compressors keep only the tokens of their open blocks).
+  int64_t truncate(int64_t n) {
     STRATA_CHECK(n >= 0 && n <= n_past_);
+    if (n < n_past_ && !cache_.compressed.empty()) n = 0;
     n_past_ = n;
+    return n;
   }
   const Model& model() const { return model_; }
 

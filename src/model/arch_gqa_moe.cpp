@@ -92,7 +92,9 @@ void output_head(const Model& m, const cpu::CpuBackend& be, const float* x, std:
 
 void init_cache(const Model& m, int n_ctx, KvCache& cache, KvType type) {
   const HParams& hp = m.hparams();
-  if (hp.arch == Arch::deepseek2) {
+  if (hp.arch == Arch::deepseek4) {
+    init_deepseek4_cache(m, n_ctx, cache);
+  } else if (hp.arch == Arch::deepseek2) {
     // MLA caches the normalised latent c and the roped shared k_pe: v is derived from c
     cache.init(hp.n_layer, n_ctx, hp.kv_lora_rank + hp.qk_rope, 0);
   } else {

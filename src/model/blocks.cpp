@@ -30,7 +30,7 @@ void softmax_with_sink(float* x, int64_t n, float sink) {
 }  // namespace
 
 Routing route(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& l, const float* h,
-              int64_t n_tok) {
+              int64_t n_tok, const int32_t* tokens) {
   const int n_exp = hp.n_expert, k = hp.n_expert_used;
   std::vector<float> logits(size_t(n_tok) * size_t(n_exp));
   be.matmul(l.router, h, n_tok, logits.data());
@@ -56,6 +56,9 @@ Routing route(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& 
       case Gating::softmax_topk:  // chosen by the logits; the softmax over the chosen comes below
         std::copy(z, z + n_exp, prob.begin());
         break;
+      case Gating::sqrt_softplus:  // softplus(z) = z above 20, as llama.cpp
+        for (int e = 0; e < n_exp; ++e) prob[size_t(e)] = std::sqrt(z[e] > 20.0f ? z[e] : std::log1p(std::exp(z[e])));
+        break;
     }
     for (int e = 0; e < n_exp; ++e)
       select[size_t(e)] = prob[size_t(e)] + (l.exp_probs_b ? f32(l.exp_probs_b)[e] : 0.0f);
@@ -76,12 +79,19 @@ Routing route(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& 
         for (int e = g * per; e < (g + 1) * per; ++e) select[size_t(e)] = -INFINITY;
       }
     }
-    std::iota(order.begin(), order.end(), 0);
+    if (l.tid2eid) {  // hash-routed: the experts of this token id, in the table's order
+      STRATA_CHECK(tokens != nullptr, "a hash-routed layer needs the token ids");
+      const int32_t* row = reinterpret_cast<const int32_t*>(l.tid2eid.row(tokens[t]));
+      std::copy(row, row + k, order.begin());
+    } else {
+      std::iota(order.begin(), order.end(), 0);
+    }
     // the k best, ties to the lower id (what a stable sort of all n_exp gives; this is 0.8% of a
     // prefill less)
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) {
-      return select[size_t(a)] > select[size_t(b)] || (select[size_t(a)] == select[size_t(b)] && a < b);
-    });
+    if (!l.tid2eid)
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) {
+        return select[size_t(a)] > select[size_t(b)] || (select[size_t(a)] == select[size_t(b)] && a < b);
+      });
     for (int j = 0; j < k; ++j) chosen[size_t(j)] = prob[size_t(order[size_t(j)])];
     if (hp.gating == Gating::softmax_topk) cpu::softmax(chosen.data(), k);
     float sum = 0;
@@ -123,6 +133,12 @@ void glu(const GluParams& p, float* g, const float* u, int64_t n) {
       for (int64_t i = 0; i < n; ++i) {
         const float x = std::min(g[i], p.limit), y = std::clamp(u[i], -p.limit, p.limit);
         g[i] = x / (1.0f + std::exp(-p.alpha * x)) * (y + 1.0f);
+      }
+      break;
+    case GluKind::silu_clamp:
+      for (int64_t i = 0; i < n; ++i) {
+        const float x = std::min(g[i], p.limit), y = std::clamp(u[i], -p.limit, p.limit);
+        g[i] = x / (1.0f + std::exp(-x)) * y;
       }
       break;
   }

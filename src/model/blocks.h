@@ -36,9 +36,10 @@ class RoutingOverride {
 std::vector<int32_t> experts_by_rank(std::span<const int32_t> ids, int64_t n_tok, int k);
 
 // Router of layer `l` (plus its bias, if any) applied to h [n_tok][n_embd] with the architecture's
-// gating rule (hp.gating).
+// gating rule (hp.gating). A hash-routed layer (l.tid2eid, deepseek4) takes its experts from the
+// table row of each token's id in `tokens` instead, weighted by the router's scores.
 Routing route(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& l, const float* h,
-              int64_t n_tok);
+              int64_t n_tok, const int32_t* tokens = nullptr);
 
 // out[t] = sum_j weights[t][j] * expert_{ids[t][j]}(h[t]) for SwiGLU experts stacked in
 // gate/up/down (with the expert biases of `l`, if any, and activation `glu`). Tokens are grouped by

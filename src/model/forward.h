@@ -28,6 +28,12 @@ void forward_gqa_moe(const Model& m, const cpu::CpuBackend& be, std::span<const 
 void forward_deepseek2(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
                        bool all_logits, float* logits);
 
+// deepseek4: hyper-connection streams, compressed attention with the lightning indexer, grouped
+// output LoRA, hash-routed and sqrt-softplus routed experts (arch_deepseek4.cpp).
+void forward_deepseek4(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
+                       bool all_logits, float* logits);
+void init_deepseek4_cache(const Model& m, int n_ctx, KvCache& cache);
+
 // The cache shape each family needs; `type` applies to GQA caches (MLA's latent rows are float).
 void init_cache(const Model& m, int n_ctx, KvCache& cache, KvType type = KvType::f32);
 

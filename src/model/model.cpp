@@ -79,7 +79,8 @@ class TensorGetter {
   uint64_t resident_bytes = 0;  // copied (stream mode)
 
   // `ne` is the expected shape (row dimension first). Missing optional tensors give an empty Weight.
-  Result<Weight> get(const std::string& name, std::vector<int64_t> ne, bool required = true) {
+  Result<Weight> get(const std::string& name, std::vector<int64_t> ne, bool required = true,
+                     bool table = false) {
     const GgufTensorInfo* t = f_.find_tensor(name);
     if (!t) {
       if (!required) return Weight{};
@@ -94,7 +95,13 @@ class TensorGetter {
       return Error{strfmt("%s: tensor '%s' has shape %s, expected %s", f_.name().c_str(), name.c_str(),
                           t->shape_string().c_str(), want.c_str())};
     }
-    STRATA_TRY(check_weight_type(t->type, name));
+    if (table) {  // an integer table (deepseek4's token id -> experts), never computed with
+      if (t->type != GgmlType::i32)
+        return Error{strfmt("%s: tensor '%s' has type %s, expected i32", f_.name().c_str(), name.c_str(),
+                            ggml_type_name(t->type).data())};
+    } else {
+      STRATA_TRY(check_weight_type(t->type, name));
+    }
     Weight w;
     w.data = f_.tensor_data(*t).data();
     w.type = t->type;
@@ -126,7 +133,7 @@ class TensorGetter {
       w.data = it->second;
       if (owned_repack_) writable = it->second;
     }
-    if (writable != nullptr && cpu::can_interleave(w)) {
+    if (writable != nullptr && !table && cpu::can_interleave(w)) {
       if (interleaved_.insert(w.data).second) {  // once per tensor, however often it is asked for
         const auto t0 = std::chrono::steady_clock::now();
         cpu::interleave(w, writable);
@@ -174,9 +181,10 @@ Result<HParams> read_hparams(const GgufFile& f) {
   else if (*arch == "llama") hp.arch = Arch::llama;
   else if (*arch == "deepseek2") hp.arch = Arch::deepseek2;
   else if (*arch == "gpt-oss") hp.arch = Arch::gpt_oss;
+  else if (*arch == "deepseek4") hp.arch = Arch::deepseek4;
   else
     return Error{strfmt("%s: architecture '%s' is not supported (strata runs qwen3moe, qwen2moe, "
-                        "llama (Mixtral), deepseek2 and gpt-oss)", f.name().c_str(), arch->c_str())};
+                        "llama (Mixtral), deepseek2, deepseek4 and gpt-oss)", f.name().c_str(), arch->c_str())};
 
   KeyReader k(f, *arch + ".");
   STRATA_TRY(k.u("block_count", hp.n_layer));
@@ -199,11 +207,16 @@ Result<HParams> read_hparams(const GgufFile& f) {
   STRATA_TRY(k.f("rope.freq_base", hp.rope.freq_base, false));
   hp.rope.n_rot = hp.head_dim_k;
   STRATA_TRY(k.u("rope.dimension_count", hp.rope.n_rot, false));
-  hp.rope.kind = hp.arch == Arch::llama || hp.arch == Arch::deepseek2 ? cpu::RopeKind::norm
-                                                                      : cpu::RopeKind::neox;
+  hp.rope.kind = hp.arch == Arch::llama || hp.arch == Arch::deepseek2 || hp.arch == Arch::deepseek4
+                     ? cpu::RopeKind::norm
+                     : cpu::RopeKind::neox;
   auto scaling = f.get_string(*arch + ".rope.scaling.type");
   if (!scaling) return scaling.error();
-  if (scaling->has_value() && **scaling == "yarn") {
+  if (scaling->has_value() && **scaling == "yarn" && hp.arch == Arch::deepseek4) {
+    // deepseek4: YaRN applies to the compressed layers only (their own rope, below)
+    STRATA_TRY(k.f("rope.scaling.factor", hp.rope_compressed.factor));
+    STRATA_TRY(k.u("rope.scaling.original_context_length", hp.rope_compressed.n_ctx_orig));
+  } else if (scaling->has_value() && **scaling == "yarn") {
     STRATA_TRY(k.f("rope.scaling.factor", hp.rope.factor));
     STRATA_TRY(k.u("rope.scaling.original_context_length", hp.rope.n_ctx_orig));
     STRATA_TRY(k.f("rope.scaling.yarn_beta_fast", hp.rope.beta_fast, false));
@@ -266,6 +279,68 @@ Result<HParams> read_hparams(const GgufFile& f) {
       if (hp.rope.ext_factor != 0) hp.rope.attn_factor = 1.0f / (1.0f + 0.1f * std::log(hp.rope.factor));
       break;
     }
+    case Arch::deepseek4: {
+      int gating = 0;
+      STRATA_TRY(k.u("expert_gating_func", gating));
+      if (gating != 4)
+        return Error{strfmt("%s: deepseek4.expert_gating_func %d is not known (4: sqrt(softplus))",
+                            f.name().c_str(), gating)};
+      hp.gating = Gating::sqrt_softplus;
+      hp.norm_topk = true;
+      STRATA_TRY(k.b("expert_weights_norm", hp.norm_topk));
+      STRATA_TRY(k.f("expert_weights_scale", hp.expert_weights_scale, false));
+      int n_shared = 0;
+      STRATA_TRY(k.u("expert_shared_count", n_shared));
+      hp.n_ff_shexp = n_shared * hp.n_ff_exp;
+      STRATA_TRY(k.u("attention.q_lora_rank", hp.q_lora_rank));
+      STRATA_TRY(k.u("attention.sliding_window", hp.n_swa));
+      STRATA_TRY(k.u("attention.indexer.head_count", hp.n_idx_head));
+      STRATA_TRY(k.u("attention.indexer.key_length", hp.idx_head_dim));
+      STRATA_TRY(k.u("attention.indexer.top_k", hp.idx_top_k));
+      STRATA_TRY(k.u("attention.output_group_count", hp.o_groups));
+      STRATA_TRY(k.u("attention.output_lora_rank", hp.o_lora_rank));
+      STRATA_TRY(k.u("hyper_connection.count", hp.hc_streams));
+      STRATA_TRY(k.u("hyper_connection.sinkhorn_iterations", hp.hc_sinkhorn_iters));
+      STRATA_TRY(k.f("hyper_connection.epsilon", hp.hc_eps));
+      STRATA_TRY(k.u("hash_layer_count", hp.n_hash_layers, false));
+      hp.rope_compressed.kind = cpu::RopeKind::norm;
+      hp.rope_compressed.n_rot = hp.rope.n_rot;
+      STRATA_TRY(k.f("attention.compress_rope_freq_base", hp.rope_compressed.freq_base));
+      if (hp.rope_compressed.factor > 1) {
+        // fixtures README: beta_fast 32 / beta_slow 1 (the file's yarn_beta keys are not read),
+        // magnitude 1 (attn_factor cancels YaRN's 1 + 0.1 ln factor)
+        hp.rope_compressed.ext_factor = 1.0f;
+        hp.rope_compressed.beta_fast = 32.0f;
+        hp.rope_compressed.beta_slow = 1.0f;
+        hp.rope_compressed.attn_factor = 1.0f / (1.0f + 0.1f * std::log(hp.rope_compressed.factor));
+      }
+      auto numbers = [&](const char* key, size_t n, auto& out) -> Status {
+        auto v = f.get_number_array(*arch + "." + key);
+        if (!v) return v.error();
+        if (!v->has_value() || (*v)->size() != n)
+          return Error{strfmt("%s: %s.%s must be an array of %zu numbers (one per layer)", f.name().c_str(),
+                              arch->c_str(), key, n)};
+        out.clear();
+        for (double x : **v) out.push_back(static_cast<typename std::decay_t<decltype(out)>::value_type>(x));
+        return Status::success();
+      };
+      if (hp.n_layer <= 0 || hp.n_layer > 4096)
+        return Error{strfmt("%s: deepseek4.block_count %d is out of range", f.name().c_str(), hp.n_layer)};
+      STRATA_TRY(numbers("attention.compress_ratios", size_t(hp.n_layer), hp.compress_ratio));
+      STRATA_TRY(numbers("swiglu_clamp_exp", size_t(hp.n_layer), hp.clamp_exp));
+      STRATA_TRY(numbers("swiglu_clamp_shexp", size_t(hp.n_layer), hp.clamp_shexp));
+      for (int r : hp.compress_ratio)
+        if (r != 0 && r != 4 && r != 128)
+          return Error{strfmt("%s: deepseek4 compress ratio %d is not supported (0, 4 or 128)", f.name().c_str(), r)};
+      if (hp.n_head_kv != 1 || hp.head_dim_k != hp.head_dim_v || hp.hc_streams < 1 || hp.hc_streams > 16 ||
+          hp.o_groups <= 0 || hp.n_head % hp.o_groups != 0 || hp.n_hash_layers > hp.n_layer ||
+          hp.idx_top_k <= 0 || hp.idx_head_dim < hp.rope.n_rot || hp.n_idx_head <= 0)
+        return Error{strfmt("%s: inconsistent deepseek4 hyperparameters (kv heads %d, key %d / value %d, "
+                            "%d streams, %d output groups for %d heads, %d hash layers, indexer %d x %d top %d)",
+                            f.name().c_str(), hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, hp.hc_streams,
+                            hp.o_groups, hp.n_head, hp.n_hash_layers, hp.n_idx_head, hp.idx_head_dim, hp.idx_top_k)};
+      break;
+    }
   }
   if (hp.attn_scale == 0) hp.attn_scale = 1.0f / std::sqrt(float(hp.head_dim_k));
 
@@ -302,6 +377,43 @@ Result<HParams> read_hparams(const GgufFile& f) {
   STRATA_TRY(read_id("tokenizer.ggml.bos_token_id", hp.token_bos));
   STRATA_TRY(read_id("tokenizer.ggml.eos_token_id", hp.token_eos));
   return hp;
+}
+
+// deepseek4's attention sublayer, its compressor and indexer, and both hyper-connection mixers.
+Status load_deepseek4_attention(TensorGetter& g, const HParams& hp, int il, LayerWeights& l) {
+  auto n = [&](const char* s) { return strfmt("blk.%d.%s", il, s); };
+  const int64_t E = hp.n_embd, H = hp.n_head, D = hp.head_dim_k, Q = hp.q_lora_rank, S = hp.hc_streams;
+  const int64_t G = hp.o_groups, OL = hp.o_lora_rank, MIX = 2 * S + S * S;
+  ASSIGN_OR_RETURN(l.wq_a, g.get(n("attn_q_a.weight"), {E, Q}));
+  ASSIGN_OR_RETURN(l.q_a_norm, g.get_f32(n("attn_q_a_norm.weight"), {Q}));
+  ASSIGN_OR_RETURN(l.wq_b, g.get(n("attn_q_b.weight"), {Q, H * D}));
+  ASSIGN_OR_RETURN(l.wkv, g.get(n("attn_kv.weight"), {E, D}));
+  ASSIGN_OR_RETURN(l.kv_a_norm, g.get_f32(n("attn_kv_a_norm.weight"), {D}));
+  ASSIGN_OR_RETURN(l.attn_sinks, g.get_f32(n("attn_sinks.weight"), {H}));
+  ASSIGN_OR_RETURN(l.wo_a, g.get(n("attn_output_a.weight"), {H * D / G, OL * G}));
+  ASSIGN_OR_RETURN(l.wo_b, g.get(n("attn_output_b.weight"), {OL * G, E}));
+  ASSIGN_OR_RETURN(l.hc_attn_fn, g.get(n("hc_attn_fn.weight"), {S * E, MIX}));
+  ASSIGN_OR_RETURN(l.hc_attn_base, g.get_f32(n("hc_attn_base.weight"), {MIX}));
+  ASSIGN_OR_RETURN(l.hc_attn_scale, g.get_f32(n("hc_attn_scale.weight"), {3}));
+  ASSIGN_OR_RETURN(l.hc_ffn_fn, g.get(n("hc_ffn_fn.weight"), {S * E, MIX}));
+  ASSIGN_OR_RETURN(l.hc_ffn_base, g.get_f32(n("hc_ffn_base.weight"), {MIX}));
+  ASSIGN_OR_RETURN(l.hc_ffn_scale, g.get_f32(n("hc_ffn_scale.weight"), {3}));
+  const int r = hp.compress_ratio[size_t(il)];
+  if (r == 0) return Status::success();
+  const int64_t W = r == 4 ? 2 * D : D;  // ratio 4 pools overlapping pairs of blocks
+  ASSIGN_OR_RETURN(l.comp_kv, g.get(n("attn_compressor_kv.weight"), {E, W}));
+  ASSIGN_OR_RETURN(l.comp_gate, g.get(n("attn_compressor_gate.weight"), {E, W}));
+  ASSIGN_OR_RETURN(l.comp_ape, g.get(n("attn_compressor_ape.weight"), {W, r}));
+  ASSIGN_OR_RETURN(l.comp_norm, g.get_f32(n("attn_compressor_norm.weight"), {D}));
+  if (r != 4) return Status::success();
+  const int64_t IH = hp.n_idx_head, ID = hp.idx_head_dim;
+  ASSIGN_OR_RETURN(l.idx_q_b, g.get(n("indexer.attn_q_b.weight"), {Q, IH * ID}));
+  ASSIGN_OR_RETURN(l.idx_proj, g.get(n("indexer.proj.weight"), {E, IH}));
+  ASSIGN_OR_RETURN(l.idx_comp_kv, g.get(n("indexer_compressor_kv.weight"), {E, 2 * ID}));
+  ASSIGN_OR_RETURN(l.idx_comp_gate, g.get(n("indexer_compressor_gate.weight"), {E, 2 * ID}));
+  ASSIGN_OR_RETURN(l.idx_comp_ape, g.get(n("indexer_compressor_ape.weight"), {2 * ID, 4}));
+  ASSIGN_OR_RETURN(l.idx_comp_norm, g.get_f32(n("indexer_compressor_norm.weight"), {ID}));
+  return Status::success();
 }
 
 }  // namespace
@@ -358,6 +470,12 @@ Result<std::unique_ptr<Model>> Model::load(GgufFile file, bool repack, bool stre
   ASSIGN_OR_RETURN(m->output_norm, g.get_f32("output_norm.weight", {E}));
   ASSIGN_OR_RETURN(m->output, g.get("output.weight", {E, V}, false));
   if (!m->output) m->output = m->tok_embd;  // tied embeddings
+  if (hp.arch == Arch::deepseek4) {
+    const int64_t S = hp.hc_streams;
+    ASSIGN_OR_RETURN(m->output_hc_fn, g.get("output_hc_fn.weight", {S * E, S}));
+    ASSIGN_OR_RETURN(m->output_hc_base, g.get_f32("output_hc_base.weight", {S}));
+    ASSIGN_OR_RETURN(m->output_hc_scale, g.get_f32("output_hc_scale.weight", {1}));
+  }
 
   const int64_t H = hp.n_head, HKV = hp.n_head_kv, DK = hp.head_dim_k, DV = hp.head_dim_v;
   const int64_t X = hp.n_expert;
@@ -370,7 +488,9 @@ Result<std::unique_ptr<Model>> Model::load(GgufFile file, bool repack, bool stre
     const char* ffn_norm = oss ? "post_attention_norm.weight" : "ffn_norm.weight";
     ASSIGN_OR_RETURN(l.ffn_norm, g.get_f32(n(ffn_norm), {E}));
 
-    if (hp.arch == Arch::deepseek2) {
+    if (hp.arch == Arch::deepseek4) {
+      STRATA_TRY(load_deepseek4_attention(g, hp, il, l));
+    } else if (hp.arch == Arch::deepseek2) {
       const int64_t QK = hp.qk_nope + hp.qk_rope, R = hp.kv_lora_rank;
       if (hp.q_lora_rank > 0) {
         const int64_t Q = hp.q_lora_rank;
@@ -419,6 +539,18 @@ Result<std::unique_ptr<Model>> Model::load(GgufFile file, bool repack, bool stre
     ASSIGN_OR_RETURN(l.down_exps_b, g.get_f32(n("ffn_down_exps.bias"), {E, X}, oss));
     if (hp.arch == Arch::deepseek2) {
       ASSIGN_OR_RETURN(l.exp_probs_b, g.get_f32(n("exp_probs_b.bias"), {X}, hp.gating == Gating::sigmoid));
+    }
+    if (hp.arch == Arch::deepseek4) {
+      const bool hash = il < hp.n_hash_layers;
+      ASSIGN_OR_RETURN(l.exp_probs_b, g.get_f32(n("exp_probs_b.bias"), {X}, !hash));
+      if (hash) {
+        ASSIGN_OR_RETURN(l.tid2eid, g.get(n("ffn_gate_tid2eid.weight"), {hp.n_expert_used, hp.n_vocab}, true, true));
+        const int32_t* table = reinterpret_cast<const int32_t*>(l.tid2eid.data);
+        for (int64_t i = 0; i < int64_t(hp.n_expert_used) * hp.n_vocab; ++i)
+          if (table[i] < 0 || table[i] >= hp.n_expert)
+            return Error{strfmt("%s: blk.%d.ffn_gate_tid2eid.weight holds expert %d (the model has %d)",
+                                f.name().c_str(), il, table[i], hp.n_expert)};
+      }
     }
     if (hp.n_ff_shexp > 0) {
       const int64_t FS = hp.n_ff_shexp;

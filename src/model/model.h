@@ -16,18 +16,21 @@
 
 namespace strata {
 
-enum class Arch { qwen3moe, qwen2moe, llama, deepseek2, gpt_oss };
+enum class Arch { qwen3moe, qwen2moe, llama, deepseek2, gpt_oss, deepseek4 };
 
 // How router logits z become expert choices and weights.
 //  softmax:       choose by softmax(z), weigh by it (renormalised over the chosen if norm_topk)
 //  sigmoid:       choose by sigmoid(z) (+ exp_probs_b), weigh by the unbiased sigmoid
 //  softmax_topk:  choose by z, weigh by the softmax over the chosen k logits (gpt-oss, Mixtral)
-enum class Gating { softmax, sigmoid, softmax_topk };
+//  sqrt_softplus: choose by sqrt(softplus(z)) (+ exp_probs_b), weigh by the unbiased score
+//                 (deepseek4; its hash-routed layers take the experts from a token-id table)
+enum class Gating { softmax, sigmoid, softmax_topk, sqrt_softplus };
 
 // The gated activation of a SwiGLU FFN, act(gate) * up.
 //  silu:       silu(g) * u
 //  swiglu_oai: x = min(g, limit); x sigmoid(alpha x) (clamp(u, -limit, limit) + 1)  (gpt-oss)
-enum class GluKind { silu, swiglu_oai };
+//  silu_clamp: silu(min(g, limit)) * clamp(u, -limit, limit)  (deepseek4)
+enum class GluKind { silu, swiglu_oai, silu_clamp };
 struct GluParams {
   GluKind kind = GluKind::silu;
   float alpha = 1.0f, limit = 0.0f;
@@ -74,6 +77,19 @@ struct HParams {
   int qk_nope = 0, qk_rope = 0, v_head = 0;
   float attn_scale = 0;  // softmax scale of q.k
 
+  // deepseek4 (fixtures README): hyper-connection streams, compressed attention, output LoRA
+  int hc_streams = 0, hc_sinkhorn_iters = 0;
+  float hc_eps = 0;
+  std::vector<int> compress_ratio;  // per layer: 0 (window only), 4 (+ indexer) or 128
+  cpu::RopeParams rope_compressed;  // the rope of the compressed layers (base, YaRN, magnitude 1)
+  int n_idx_head = 0, idx_head_dim = 0, idx_top_k = 0;  // lightning indexer
+  int o_groups = 0, o_lora_rank = 0;
+  int n_hash_layers = 0;              // layers il < n_hash_layers route by token id
+  std::vector<float> clamp_exp, clamp_shexp;  // per layer SwiGLU limits
+  const cpu::RopeParams& layer_rope(int il) const {
+    return arch == Arch::deepseek4 && compress_ratio[size_t(il)] > 0 ? rope_compressed : rope;
+  }
+
   int token_bos = -1, token_eos = -1;
 };
 
@@ -97,6 +113,14 @@ struct LayerWeights {
   Weight gate_exps, up_exps, down_exps;               // stacked [n_expert]
   Weight gate_exps_b, up_exps_b, down_exps_b;         // biases (gpt-oss), F32 [n_expert][F|n_embd]
   Weight gate_shexp, up_shexp, down_shexp, gate_inp_shexp;  // shared expert (+ its sigmoid gate)
+  // deepseek4
+  Weight wkv;                                   // attn_kv: [n_embd] -> one K = V head
+  Weight wo_a, wo_b;                            // grouped output LoRA
+  Weight hc_attn_fn, hc_attn_base, hc_attn_scale, hc_ffn_fn, hc_ffn_base, hc_ffn_scale;
+  Weight comp_kv, comp_gate, comp_ape, comp_norm;  // attention compressor (compressed layers)
+  Weight idx_q_b, idx_proj;                        // lightning indexer (ratio-4 layers)
+  Weight idx_comp_kv, idx_comp_gate, idx_comp_ape, idx_comp_norm;
+  Weight tid2eid;                                  // hash-routed layers: I32 [n_vocab][k]
   bool is_moe() const { return bool(gate_exps); }
 };
 
@@ -122,6 +146,7 @@ class Model {
   const GgufFile& file() const { return file_; }
 
   Weight tok_embd, output_norm, output;
+  Weight output_hc_fn, output_hc_base, output_hc_scale;  // deepseek4: streams -> one row
   std::vector<LayerWeights> layers;
 
   // What load's repacking did: bytes of weights interleaved and the time it took.

@@ -26,6 +26,13 @@ struct Weight {
   const uint8_t* row(int64_t r, int64_t mat = 0) const {
     return data + size_t(mat) * mat_bytes() + size_t(r) * row_bytes;
   }
+  // Rows [r0, r0 + n) of a 2D weight (an interleaved one: at whole 16-row groups).
+  Weight rows(int64_t r0, int64_t n) const {
+    Weight w = *this;
+    w.data = data + size_t(r0) * row_bytes;
+    w.n_out = n;
+    return w;
+  }
   // Matrix `e` of a stack as a plain 2D weight.
   Weight slice(int64_t e) const {
     Weight w = *this;
