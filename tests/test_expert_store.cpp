@@ -14,6 +14,7 @@
 #include "engine/config.h"
 #include "engine/session.h"
 #include "model/model_info.h"
+#include "test_support.h"
 #include "model/synth.h"
 #include "storage/expert_store.h"
 
@@ -31,7 +32,14 @@ class StreamedModel {
     path_ = ::testing::TempDir() + "strata-expert-store-" + std::string(shape_name) + "-" + std::to_string(::getpid()) + ".gguf";
     STRATA_CHECK(plan->write_file(path_).ok());
   }
-  ~StreamedModel() { std::remove(path_.c_str()); }
+  // A model file that exists (not removed at the end).
+  struct Existing {
+    std::string path;
+  };
+  explicit StreamedModel(Existing e) : path_(std::move(e.path)), owned_(false) {}
+  ~StreamedModel() {
+    if (owned_) std::remove(path_.c_str());
+  }
   const std::string& path() const { return path_; }
 
   // Faults on every read touching layer `layer`'s gate matrix of `expert` (all experts: -1).
@@ -70,6 +78,7 @@ class StreamedModel {
 
  private:
   std::string path_;
+  bool owned_ = true;
 };
 
 ExpertStoreOptions small_queue() {
@@ -137,6 +146,46 @@ TEST(ExpertStore, StreamedEqualsInRam) {
     EXPECT_LE(st.predicted_right[0], st.predicted[0]);
     EXPECT_GT(st.bytes_read, 0u);
   }
+}
+
+// deepseek4 (the fixture model): streamed decode is bit-identical to the all-in-RAM model, and
+// the hash-routed layer's experts are read ahead of the layer, from the token ids alone: that
+// layer never waits on a demand read, not even on a cold cache.
+TEST(ExpertStore, DeepSeek4HashLayersAreReadBeforeTheirLayer) {
+  auto dir = test::fixtures_dir();
+  if (!dir) GTEST_SKIP() << "../shared/fixtures not found";
+  StreamedModel sm(StreamedModel::Existing{(*dir / "models" / "deepseek4" / "model-Q8_0.gguf").string()});
+  const auto ram = sm.in_ram();
+  ASSERT_EQ(ram->hparams().n_hash_layers, 1);
+  const auto want = run(*ram, 20, 24);
+  storage::FaultInjection slow;  // every read takes 5 ms: a prefetch has to be issued early to help
+  slow.latency_us = 5000;
+  ExpertStoreOptions o = small_queue();
+  o.queue_depth = 12;  // four experts' reads in flight at once
+  o.faults = &slow;
+  auto m = sm.streamed(0, o);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  ASSERT_LT((*m)->expert_store->n_slots(), total_experts(*ram));
+  expect_identical(run(**m, 20, 24), want);
+  // decode steps (a prompt needs more of the layer's experts than reads may be in flight)
+  Session s(**m, 128);
+  std::vector<int32_t> prompt = {5, 77, 301, 9, 64};
+  auto l = s.eval(prompt);
+  ASSERT_TRUE(l.ok());
+  (*m)->expert_store->reset_stats();
+  for (int i = 0; i < 24; ++i) {
+    const int32_t next = argmax(*l);
+    l = s.eval(std::span<const int32_t>(&next, 1));
+    ASSERT_TRUE(l.ok());
+  }
+  const ExpertStoreStats st = (*m)->expert_store->stats();
+  ASSERT_EQ(st.demand_reads_by_layer.size(), 3u);
+  std::printf("  deepseek4 streamed decode: demand reads by layer %lld %lld %lld, prefetches used %lld\n",
+              (long long)st.demand_reads_by_layer[0], (long long)st.demand_reads_by_layer[1],
+              (long long)st.demand_reads_by_layer[2], (long long)st.prefetch_used);
+  EXPECT_EQ(st.demand_reads_by_layer[0], 0) << "the hash-routed layer waited for a demand read";
+  EXPECT_GT(st.demand_reads_by_layer[1] + st.demand_reads_by_layer[2], 0);  // the cache is too small for all
+  EXPECT_GT(st.prefetch_used, 0);
 }
 
 TEST(ExpertStore, FaultyReaderStillExact) {

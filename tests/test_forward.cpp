@@ -245,3 +245,79 @@ TEST(Forward, DeepSeek4Fixtures) { check_arch("deepseek4"); }
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// deepseek4 beyond the fixtures' 64 tokens (no llama.cpp reference exists there): 300 tokens, so
+// that two ratio-128 blocks complete and ratio-4 queries choose among 75 blocks with the indexer.
+// The prompt in one batch, one token at a time, and in uneven chunks must agree (llama.cpp's own
+// batch vs sequential: 1.9e-6); two sequences in one batched pass each as if alone; a truncated
+// session resumes as if fresh.
+TEST(Forward, DeepSeek4LongContextBatchSequentialChunks) {
+  auto dir = test::fixtures_dir();
+  if (!dir) GTEST_SKIP() << "../shared/fixtures not found";
+  auto model = Model::load((*dir / "models" / "deepseek4" / "model-Q8_0.gguf").string(), MappedFile::Mode::ram);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  const Model& m = **model;
+  ASSERT_EQ(m.hparams().compress_ratio, (std::vector<int>{0, 4, 128}));
+  const int V = m.hparams().n_vocab, N = 300;
+  std::vector<int32_t> ids;
+  uint32_t x = 12345;
+  for (int i = 0; i < N; ++i) ids.push_back(int32_t((x = x * 1103515245u + 12345u) >> 8) % V);
+
+  Session batch(m, 320, cpu::MatmulPath::exact);
+  auto all = batch.eval(ids, true);
+  ASSERT_TRUE(all.ok()) << all.error().message;
+  auto max_diff = [&](std::span<const float> got, size_t t) {
+    float d = 0;
+    for (int i = 0; i < V; ++i) d = std::max(d, std::abs(got[size_t(i)] - (*all)[t * V + size_t(i)]));
+    return d;
+  };
+  Session seq(m, 320, cpu::MatmulPath::exact);
+  float d_seq = 0;
+  for (size_t t = 0; t < ids.size(); ++t) {
+    auto l = seq.eval(std::span<const int32_t>(&ids[t], 1));
+    ASSERT_TRUE(l.ok());
+    d_seq = std::max(d_seq, max_diff(*l, t));
+  }
+  Session chunks(m, 320, cpu::MatmulPath::exact);
+  float d_chunks = 0;
+  for (size_t t = 0; t < ids.size();) {
+    const size_t n = std::min(ids.size() - t, size_t(1 + (t * 7) % 37));  // uneven, across block edges
+    auto l = chunks.eval(std::span<const int32_t>(&ids[t], n), true);
+    ASSERT_TRUE(l.ok());
+    for (size_t i = 0; i < n; ++i) d_chunks = std::max(d_chunks, max_diff(std::span<const float>(l->data() + i * V, size_t(V)), t + i));
+    t += n;
+  }
+  std::printf("  deepseek4 %d tokens: batch vs one at a time %.2e, vs chunks %.2e\n", N, d_seq, d_chunks);
+  EXPECT_LT(d_seq, 1e-4f);
+  EXPECT_LT(d_chunks, 1e-4f);
+  // the compressed rows matter: the logits after position 255 change when the context before
+  // the second ratio-128 block is different
+  std::vector<int32_t> other = ids;
+  for (int i = 130; i < 250; ++i) other[size_t(i)] = (other[size_t(i)] + 1) % V;
+  Session alt(m, 320, cpu::MatmulPath::exact);
+  auto alt_all = alt.eval(other, true);
+  ASSERT_TRUE(alt_all.ok());
+  EXPECT_GT(max_diff(std::span<const float>(alt_all->data() + size_t(N - 1) * V, size_t(V)), N - 1), 1e-3f);
+
+  // two sequences in one pass, each as if alone
+  Session a(m, 320, cpu::MatmulPath::exact), b(m, 320, cpu::MatmulPath::exact);
+  std::vector<Session*> both = {&a, &b};
+  const std::vector<std::vector<int32_t>> first = {std::vector<int32_t>(ids.begin(), ids.begin() + 140),
+                                                    std::vector<int32_t>(ids.begin(), ids.begin() + 9)};
+  auto r = Session::eval_batch(both, first);
+  ASSERT_TRUE(r.ok());
+  EXPECT_LT(max_diff(std::span<const float>(r->data(), size_t(V)), 139), 1e-4f);
+  EXPECT_LT(max_diff(std::span<const float>(r->data() + V, size_t(V)), 8), 1e-4f);
+
+  // truncation inside what the compressors held: the session resumes from 0 and says so
+  EXPECT_EQ(batch.truncate(200), 0);
+  auto again = batch.eval(std::span<const int32_t>(ids.data(), 201));
+  ASSERT_TRUE(again.ok());
+  EXPECT_LT(max_diff(*again, 200), 1e-4f);
+}
+
+}  // namespace
+}  // namespace strata

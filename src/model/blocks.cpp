@@ -452,7 +452,7 @@ void prefetch_experts(const cpu::CpuBackend& be, const Model& m, int il, const f
   std::vector<float> h(size_t(n_tok * E));
   for (int d = 1; d <= store->prefetch_depth() && il + d < hp.n_layer; ++d) {
     const LayerWeights& l = m.layers[size_t(il + d)];
-    if (!l.is_moe()) continue;
+    if (!l.is_moe() || l.tid2eid) continue;  // hash-routed layers: exact, issued by the forward pass
     if (m.routing_override != nullptr) {
       store->prefetch(il + d, d, m.routing_override->peek(il + d, n_tok));
       continue;

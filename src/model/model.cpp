@@ -423,6 +423,17 @@ Result<HParams> hparams_from_gguf(const GgufFile& f) { return read_hparams(f); }
 uint64_t kv_bytes_per_token(const HParams& hp, KvType type) {
   // as the KV cache stores them: MLA keeps the latent row and the rope key (float); GQA k and v
   if (hp.arch == Arch::deepseek2) return uint64_t(hp.kv_lora_rank + hp.qk_rope) * sizeof(float) * uint64_t(hp.n_layer);
+  if (hp.arch == Arch::deepseek4) {
+    // float rows: the raw K = V row of every layer (all positions are kept), plus a compressed row
+    // per `ratio` positions (and an index key per 4) in the compressed layers
+    double floats = 0;
+    for (int il = 0; il < hp.n_layer; ++il) {
+      const int r = hp.compress_ratio[size_t(il)];
+      floats += hp.head_dim_k;
+      if (r > 0) floats += double(hp.head_dim_k) / r + (r == 4 ? double(hp.idx_head_dim) / r : 0.0);
+    }
+    return uint64_t(std::ceil(floats * sizeof(float)));
+  }
   const uint64_t entry = type == KvType::f16 ? 2 : 4;
   return uint64_t(hp.n_head_kv) * uint64_t(hp.head_dim_k + hp.head_dim_v) * entry * uint64_t(hp.n_layer);
 }

@@ -216,6 +216,7 @@ std::vector<ExpertView> ExpertStore::acquire(int layer, std::span<const int32_t>
       s = admit(key, &lock);
       start_read(s, true);
       ++stats_.demand_reads;
+      ++stats_.demand_reads_by_layer[size_t(layer)];
     }
     Slot& sl = slots_[size_t(s)];
     ++sl.pins;
@@ -434,6 +435,7 @@ void ExpertStore::reset_stats() {
   stats_ = ExpertStoreStats{};
   const size_t D = size_t(options_.prefetch_depth);
   stats_.predicted.assign(D, 0);
+  stats_.demand_reads_by_layer.assign(size_t(shape_.n_layer), 0);
   stats_.predicted_right.assign(D, 0);
   stats_.chosen.assign(D, 0);
   wait_ns_.store(0, std::memory_order_relaxed);

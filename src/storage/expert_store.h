@@ -60,6 +60,7 @@ struct ExpertStoreStats {
   // per look-ahead distance d = 1 .. prefetch_depth: experts predicted, and of those the ones the
   // layer then chose; chosen: experts the layers chose (the recall's denominator)
   std::vector<int64_t> predicted, predicted_right, chosen;
+  std::vector<int64_t> demand_reads_by_layer;
   // Found in RAM without a read for this use: the cache's own hits (prefetched experts are misses
   // the look-ahead hid, counted in prefetch_used).
   double hit_rate() const { return accesses ? double(hits - prefetch_used) / double(accesses) : 0.0; }
