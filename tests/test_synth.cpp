@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <numeric>
@@ -11,6 +12,8 @@
 #include <set>
 
 #include "cpu/quant_traits.h"
+#include "engine/session.h"
+#include "model/model.h"
 #include "model/gguf.h"
 #include "model/synth.h"
 #include "test_support.h"
@@ -157,7 +160,8 @@ TEST(SynthFixtures, TinyShapesEqualTheLlamaCppFiles) {
   const std::pair<std::string_view, std::string_view> cases[] = {{"tiny", "qwen3moe"},
                                                                  {"tiny-deepseek2", "deepseek2"},
                                                                  {"tiny-gpt-oss", "gpt-oss"},
-                                                                 {"tiny-mixtral", "llama"}};
+                                                                 {"tiny-mixtral", "llama"},
+                                                                 {"tiny-deepseek4", "deepseek4"}};
   int compared = 0;
   for (auto [shape, arch] : cases) {
     for (SynthQuant q : kQuants) {
@@ -193,7 +197,7 @@ TEST(SynthFixtures, TinyShapesEqualTheLlamaCppFiles) {
     }
   }
   if (test::fixtures_dir()) {
-    EXPECT_EQ(compared, 9);  // Q8_0 and Q4_K_M of each, and gpt-oss's MXFP4_MOE
+    EXPECT_EQ(compared, 11);  // Q8_0 and Q4_K_M of each, and gpt-oss's MXFP4_MOE
   } else {
     EXPECT_EQ(compared, 1);  // the vendored qwen3moe Q4_K_M
   }
@@ -250,6 +254,22 @@ TEST(SynthShapes, RealShapesHaveTheReleasedLayout) {
        {{"token_embd.weight", "[4096, 32000]"},
         {"blk.0.attn_k.weight", "[4096, 1024]"},
         {"blk.31.ffn_down_exps.weight", "[14336, 4096, 8]"}}},
+      // 43 layers of 24 tensors; 3 hash layers (table, no exp_probs_b); 41 compressed layers (4
+      // compressor tensors), 21 of ratio 4 (6 indexer tensors); the head's 3 stream tensors
+      {"deepseek-v4-flash",
+       3 + 3 + 43 * 24 + 41 * 4 + 21 * 6,
+       {{"token_embd.weight", "[4096, 129280]"},
+        {"output_hc_fn.weight", "[16384, 4]"},
+        {"blk.0.hc_attn_fn.weight", "[16384, 24]"},
+        {"blk.0.attn_q_b.weight", "[1024, 32768]"},
+        {"blk.0.attn_kv.weight", "[4096, 512]"},
+        {"blk.0.attn_output_a.weight", "[4096, 8192]"},
+        {"blk.0.attn_output_b.weight", "[8192, 4096]"},
+        {"blk.2.ffn_gate_tid2eid.weight", "[6, 129280]"},
+        {"blk.2.attn_compressor_kv.weight", "[4096, 1024]"},
+        {"blk.2.indexer.attn_q_b.weight", "[1024, 8192]"},
+        {"blk.3.attn_compressor_ape.weight", "[512, 128]"},
+        {"blk.42.ffn_up_exps.weight", "[4096, 2048, 256]"}}},
   };
   for (const BigShapeCase& c : cases) {
     for (SynthQuant q : kQuants) {
@@ -354,6 +374,7 @@ TEST(SynthShapes, RealShapesFollowTheFixtureArchitectures) {
       {"gpt-oss-20b", "gpt-oss", {}, {}, {}},
       {"gpt-oss-120b", "gpt-oss", {}, {}, {}},
       {"mixtral-8x7b", "llama", {}, {}, {}},
+      {"deepseek-v4-flash", "deepseek4", {}, {}, {}},
       {"deepseek-v2-lite",
        "deepseek2",
        {"blk.#.attn_q_a.weight", "blk.#.attn_q_a_norm.weight", "blk.#.attn_q_b.weight",
@@ -384,6 +405,49 @@ TEST(SynthShapes, RealShapesFollowTheFixtureArchitectures) {
 }
 
 // ---- the values ----
+
+// deepseek4's token id -> experts tables: k distinct experts in range for every token, every
+// expert used; and the synthetic model loads and runs with finite logits, batch = one at a time.
+TEST(SynthValues, DeepSeek4TablesAndForward) {
+  const SynthPlan plan = plan_of("tiny-deepseek4", SynthQuant::q8_0, seeded(5));
+  const std::vector<uint8_t> bytes = plan.write_memory();
+  auto file = GgufFile::parse(bytes, "tiny-deepseek4");
+  ASSERT_TRUE(file.ok()) << file.error().message;
+  const GgufTensorInfo* t = file->find_tensor("blk.0.ffn_gate_tid2eid.weight");
+  ASSERT_NE(t, nullptr);
+  ASSERT_EQ(t->type, GgmlType::i32);
+  const auto data = file->tensor_data(*t);
+  const int k = int(t->ne[0]);
+  std::vector<int> uses(8, 0);
+  for (uint64_t row = 0; row < t->ne[1]; ++row) {
+    std::vector<int32_t> ids(static_cast<size_t>(k));
+    std::memcpy(ids.data(), data.data() + row * 4 * uint64_t(k), 4 * size_t(k));
+    for (int j = 0; j < k; ++j) {
+      ASSERT_GE(ids[size_t(j)], 0);
+      ASSERT_LT(ids[size_t(j)], 8);
+      ++uses[size_t(ids[size_t(j)])];
+      for (int i = 0; i < j; ++i) ASSERT_NE(ids[size_t(i)], ids[size_t(j)]) << "row " << row;
+    }
+  }
+  for (int u : uses) EXPECT_GT(u, 0);
+  auto model = Model::load(std::move(*file));
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back((i * 37 + 11) % 1000);
+  Session batch(**model, 64, cpu::MatmulPath::exact);
+  auto all = batch.eval(ids, true);
+  ASSERT_TRUE(all.ok());
+  Session seq(**model, 64, cpu::MatmulPath::exact);
+  const size_t V = size_t((*model)->hparams().n_vocab);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto l = seq.eval(std::span<const int32_t>(&ids[i], 1));
+    ASSERT_TRUE(l.ok());
+    for (size_t j = 0; j < V; ++j) {
+      ASSERT_TRUE(std::isfinite((*l)[j]));
+      ASSERT_NEAR((*l)[j], (*all)[i * V + j], 1e-4f);
+    }
+  }
+}
 
 TEST(SynthValues, SameSeedSameBytesWhateverTheChunkingAndThreads) {
   const SynthPlan a = plan_of("tiny", SynthQuant::q4_k_m, seeded(7));
@@ -436,6 +500,9 @@ TEST(SynthValues, BlocksDecodeToTheIntendedStatistics) {
       ASSERT_TRUE(std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); }));
       const Moments m = moments(v);
       switch (f.kind) {
+        case SynthFill::table:
+          ADD_FAILURE() << "none of these shapes has a table";
+          break;
         case SynthFill::weight: {
           // mxfp4 scales are powers of two: within a factor sqrt(2) of the wanted std
           const double tol = t.type == GgmlType::mxfp4 ? 0.45 : 0.15;

@@ -24,6 +24,8 @@ std::string_view synth_arch_name(SynthArch arch) {
       return "gpt-oss";
     case SynthArch::llama:
       return "llama";
+    case SynthArch::deepseek4:
+      return "deepseek4";
   }
   return "?";
 }
@@ -101,6 +103,7 @@ int layer_of(std::string_view name) {
 // the name, out of block_count); attn_v's counter equals the layer since there is one per layer.
 GgmlType synth_tensor_type(const SynthShape& shape, SynthQuant quant, std::string_view name,
                            const std::vector<uint64_t>& ne) {
+  if (contains(name, "ffn_gate_tid2eid.weight")) return GgmlType::i32;  // deepseek4's table
   const bool quantized = ends_with(name, "weight") && ne.size() >= 2 &&
                          !contains(name, "_norm.weight") && !contains(name, "ffn_gate_inp.weight");
   if (!quantized) return GgmlType::f32;
@@ -234,6 +237,12 @@ class PlanBuilder {
     weight(blk(layer, "ffn_up_exps.weight"), {d, f, e}, d);
     weight(blk(layer, "ffn_down_exps.weight"), {f, d, e}, f, true);
   }
+  // deepseek4's token id -> experts table of a hash-routed layer: I32 [k, n_vocab].
+  void table(int layer) {
+    specs_.push_back({blk(layer, "ffn_gate_tid2eid.weight"),
+                      {s_.n_expert_used, n_vocab_},
+                      {SynthFill::table, 1.0f, {}, s_.n_expert}});
+  }
   // A dense SwiGLU FFN of width `n_ff` whose tensor names end in `suffix` ("" or "_shexp").
   void dense_ffn(int layer, uint64_t n_ff, const std::string& suffix) {
     const uint64_t d = s_.n_embd;
@@ -353,6 +362,61 @@ void add_deepseek2_layer(PlanBuilder& b, const SynthShape& s, int l) {
   }
 }
 
+// The compress ratio of deepseek4's layer l: window-only layers first, then 4 and 128 alternately.
+uint32_t deepseek4_ratio(const SynthShape& s, int l) {
+  if (uint32_t(l) < s.n_window_layers) return 0;
+  return (uint32_t(l) - s.n_window_layers) % 2 == 0 ? 4 : 128;
+}
+
+// deepseek4 (fixtures README): hyper-connection mixers, the single K = V head with its q LoRA,
+// the compressor (and for ratio 4 the lightning indexer), the grouped output LoRA; experts routed
+// by a token-id table (hash layers) or by score + exp_probs_b; one shared expert.
+void add_deepseek4_layer(PlanBuilder& b, const SynthShape& s, int l) {
+  const uint64_t d = s.n_embd, h = s.n_head, hd = s.head_dim, q = s.q_lora_rank;
+  const uint64_t S = s.hc_streams, mix = 2 * S + S * S, g = s.o_groups, ol = s.o_lora_rank;
+  for (const char* part : {"attn", "ffn"}) {
+    const std::string p = std::string("hc_") + part;
+    b.weight(b.blk(l, p + "_fn.weight"), {S * d, mix}, S * d);
+    b.bias(b.blk(l, p + "_base.weight"), {mix});
+    b.norm(b.blk(l, p + "_scale.weight"), 3);
+  }
+  b.norm(b.blk(l, "attn_norm.weight"), d);
+  b.weight(b.blk(l, "attn_q_a.weight"), {d, q}, d);
+  b.norm(b.blk(l, "attn_q_a_norm.weight"), q);
+  b.weight(b.blk(l, "attn_q_b.weight"), {q, h * hd}, q);
+  b.weight(b.blk(l, "attn_kv.weight"), {d, hd}, d);
+  b.norm(b.blk(l, "attn_kv_a_norm.weight"), hd);
+  b.bias(b.blk(l, "attn_sinks.weight"), {h});
+  b.weight(b.blk(l, "attn_output_a.weight"), {h * hd / g, ol * g}, h * hd / g);
+  b.weight(b.blk(l, "attn_output_b.weight"), {ol * g, d}, ol * g, true);
+  const uint32_t r = deepseek4_ratio(s, l);
+  if (r > 0) {
+    const uint64_t w = r == 4 ? 2 * hd : hd;  // ratio 4 pools overlapping pairs of blocks
+    b.weight(b.blk(l, "attn_compressor_kv.weight"), {d, w}, d);
+    b.weight(b.blk(l, "attn_compressor_gate.weight"), {d, w}, d);
+    b.weight(b.blk(l, "attn_compressor_ape.weight"), {w, r}, w);
+    b.norm(b.blk(l, "attn_compressor_norm.weight"), hd);
+  }
+  if (r == 4) {
+    const uint64_t ih = s.n_idx_head, id = s.idx_head_dim;
+    b.weight(b.blk(l, "indexer.attn_q_b.weight"), {q, ih * id}, q);
+    b.weight(b.blk(l, "indexer.proj.weight"), {d, ih}, d);
+    b.weight(b.blk(l, "indexer_compressor_kv.weight"), {d, 2 * id}, d);
+    b.weight(b.blk(l, "indexer_compressor_gate.weight"), {d, 2 * id}, d);
+    b.weight(b.blk(l, "indexer_compressor_ape.weight"), {2 * id, 4}, 2 * id);
+    b.norm(b.blk(l, "indexer_compressor_norm.weight"), id);
+  }
+  b.norm(b.blk(l, "ffn_norm.weight"), d);
+  b.router(l);
+  if (uint32_t(l) < s.n_hash_layers) {
+    b.table(l);
+  } else {
+    b.bias(b.blk(l, "exp_probs_b.bias"), {s.n_expert});
+  }
+  b.experts(l);
+  b.dense_ffn(l, uint64_t(s.n_ff_exp) * s.n_expert_shared, "_shexp");
+}
+
 // ---- metadata (keys, order and types as in the fixtures llama.cpp wrote) ----
 
 class KeyWriter {
@@ -362,6 +426,7 @@ class KeyWriter {
   void u32(std::string_view key, uint32_t v) { put(key, GgufValue::make_u32(v)); }
   void f32(std::string_view key, float v) { put(key, GgufValue::make_f32(v)); }
   void boolean(std::string_view key, bool v) { put(key, GgufValue::make_bool(v)); }
+  void value(std::string_view key, GgufValue v) { put(key, std::move(v)); }
   void str(std::string_view key, std::string_view v) {
     put(key, GgufValue::make_string(std::string(v)));
   }
@@ -388,8 +453,50 @@ class KeyWriter {
   std::string prefix_;
 };
 
+// deepseek4's keys in the order llama.cpp's converter writes them (the fixture files).
+void add_deepseek4_keys(KeyWriter& k, const SynthShape& s) {
+  k.u32("context_length", s.n_ctx_train);
+  k.u32("embedding_length", s.n_embd);
+  k.u32("embedding_length_out", s.hc_streams * s.n_embd);
+  k.u32("block_count", s.n_layer);
+  k.u32("attention.head_count", s.n_head);
+  k.u32("attention.head_count_kv", 1);
+  k.u32("attention.key_length", s.head_dim);
+  k.u32("attention.value_length", s.head_dim);
+  k.u32("rope.dimension_count", s.n_rot);
+  k.f32("rope.freq_base", s.rope_base);
+  k.f32("attention.layer_norm_rms_epsilon", s.eps);
+  k.yarn(s);
+  k.u32("expert_count", s.n_expert);
+  k.u32("expert_used_count", s.n_expert_used);
+  k.u32("expert_feed_forward_length", s.n_ff_exp);
+  k.u32("expert_shared_count", s.n_expert_shared);
+  k.f32("expert_weights_scale", s.expert_weights_scale);
+  k.boolean("expert_weights_norm", s.expert_weights_norm);
+  k.u32("expert_gating_func", 4);  // sqrt(softplus)
+  k.u32("attention.q_lora_rank", s.q_lora_rank);
+  k.u32("attention.sliding_window", s.n_swa);
+  const std::vector<float> limits(s.n_layer, s.swiglu_limit);
+  k.value("swiglu_clamp_exp", GgufValue::make_f32_array(limits));
+  k.value("swiglu_clamp_shexp", GgufValue::make_f32_array(limits));
+  k.u32("attention.indexer.head_count", s.n_idx_head);
+  k.u32("attention.indexer.key_length", s.idx_head_dim);
+  k.u32("attention.indexer.top_k", s.idx_top_k);
+  k.u32("attention.output_group_count", s.o_groups);
+  k.u32("attention.output_lora_rank", s.o_lora_rank);
+  std::vector<int32_t> ratios;
+  for (int l = 0; l < int(s.n_layer); ++l) ratios.push_back(int32_t(deepseek4_ratio(s, l)));
+  k.value("attention.compress_ratios", GgufValue::make_i32_array(ratios));
+  k.f32("attention.compress_rope_freq_base", s.compress_rope_base);
+  k.u32("hyper_connection.count", s.hc_streams);
+  k.u32("hyper_connection.sinkhorn_iterations", 20);
+  k.f32("hyper_connection.epsilon", 1e-6f);
+  k.u32("hash_layer_count", s.n_hash_layers);
+}
+
 void add_arch_keys(std::vector<GgufKv>& kvs, const SynthShape& s, uint32_t n_vocab) {
   KeyWriter k(kvs, synth_arch_name(s.arch));
+  if (s.arch == SynthArch::deepseek4) return add_deepseek4_keys(k, s);
   k.common(s);
   switch (s.arch) {
     case SynthArch::qwen3moe:
@@ -453,6 +560,8 @@ void add_arch_keys(std::vector<GgufKv>& kvs, const SynthShape& s, uint32_t n_voc
       k.yarn(s);
       k.f32("rope.scaling.yarn_log_multiplier", s.yarn_log_mul);
       break;
+    case SynthArch::deepseek4:
+      break;  // add_deepseek4_keys
   }
 }
 
@@ -523,6 +632,12 @@ Result<SynthPlan> build_synth_plan(const SynthShape& shape, SynthQuant quant,
   b.embedding();
   b.norm("output_norm.weight", shape.n_embd);
   b.weight("output.weight", {shape.n_embd, plan.n_vocab}, shape.n_embd);
+  if (shape.arch == SynthArch::deepseek4) {  // the streams' weights into the head
+    const uint64_t S = shape.hc_streams;
+    b.weight("output_hc_fn.weight", {S * shape.n_embd, S}, S * shape.n_embd);
+    b.bias("output_hc_base.weight", {S});
+    b.norm("output_hc_scale.weight", 1);
+  }
   for (int l = 0; l < int(shape.n_layer); ++l) {
     switch (shape.arch) {
       case SynthArch::qwen3moe:
@@ -536,6 +651,9 @@ Result<SynthPlan> build_synth_plan(const SynthShape& shape, SynthQuant quant,
         break;
       case SynthArch::llama:
         add_llama_layer(b, shape, l);
+        break;
+      case SynthArch::deepseek4:
+        add_deepseek4_layer(b, shape, l);
         break;
     }
   }

@@ -22,8 +22,8 @@
 namespace strata {
 
 // Architectures as GGUF names them (general.architecture).
-enum class SynthArch { qwen3moe, deepseek2, gpt_oss, llama };
-std::string_view synth_arch_name(SynthArch arch);  // "qwen3moe", "deepseek2", "gpt-oss", "llama"
+enum class SynthArch { qwen3moe, deepseek2, gpt_oss, llama, deepseek4 };
+std::string_view synth_arch_name(SynthArch arch);  // "qwen3moe", "deepseek2", "gpt-oss", "llama", "deepseek4"
 
 // deepseek2.expert_gating_func, values as in llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE.
 enum class SynthGating : uint32_t { softmax = 1, sigmoid = 2 };
@@ -67,7 +67,18 @@ struct SynthShape {
   float yarn_factor = 0;
   uint32_t yarn_orig_ctx = 0;
   float yarn_log_mul = 0;                    // deepseek2: 0.1 * mscale_all_dim
-  uint32_t n_swa = 0;                        // gpt-oss: sliding window of the even layers
+  uint32_t n_swa = 0;                        // gpt-oss: sliding window of the even layers;
+                                             // deepseek4: of every layer
+  // deepseek4 (fixtures README): the first n_window_layers layers attend to their window only,
+  // the rest alternate compress ratio 4 (with the lightning indexer) and 128; the first
+  // n_hash_layers route by token id. The head size is head_dim, n_rot its roped tail.
+  uint32_t n_window_layers = 0;
+  uint32_t n_hash_layers = 0;
+  uint32_t hc_streams = 0;
+  uint32_t o_groups = 0, o_lora_rank = 0;
+  uint32_t n_idx_head = 0, idx_head_dim = 0, idx_top_k = 0;
+  float compress_rope_base = 0;
+  float swiglu_limit = 0;
   std::string_view tokenizer_pre = "gpt-2";  // tokenizer.ggml.pre of the generated vocabulary
 };
 
@@ -100,6 +111,7 @@ enum class SynthFill : uint8_t {
   norm,       // 1 + N(0, std)
   bias,       // N(0, std) (biases, attention sinks, exp_probs_b)
   router,     // N(0, std), except on the shared channels: expert_bias / kSynthSharedChannels
+  table,      // I32 [k][n_vocab] (deepseek4's token id -> experts): k distinct experts per token
 };
 
 struct SynthTensorFill {
@@ -108,6 +120,7 @@ struct SynthTensorFill {
   // router: the logit offset each expert gets from the shared channels of a normalized hidden
   // state (about 1 there); [n_expert]
   std::vector<float> expert_bias;
+  uint32_t n_expert = 0;  // table: experts to choose from
 };
 
 struct SynthOptions {

@@ -40,7 +40,22 @@ struct TensorGen {
   uint64_t row_blocks;  // blocks per row
   uint64_t row_len;     // elements per row
   int mxfp4_exp;        // E8M0 exponent whose scale is just below the wanted std
+  uint64_t seed;        // the plan's seed and the tensor's index, mixed (tables)
 };
+
+// Element j of row `row` of a token -> experts table: the row's k distinct experts, drawn from a
+// stream of the row alone (rows straddle the segments).
+int32_t table_entry(const TensorGen& g, uint64_t row, uint64_t j) {
+  Rng rng(g.seed, 0x7461626c65ull /* "table" */, row);
+  int32_t chosen[64];
+  const uint64_t k = std::min<uint64_t>(g.row_len, 64);
+  STRATA_CHECK(g.fill->n_expert >= k, "a table row needs k distinct experts");
+  for (uint64_t i = 0; i < k;) {
+    const int32_t e = int32_t(rng.next() % g.fill->n_expert);
+    if (std::find(chosen, chosen + i, e) == chosen + i) chosen[i++] = e;
+  }
+  return chosen[j % k];
+}
 
 void random_bytes(Rng& rng, uint8_t* out, size_t n) {
   for (size_t i = 0; i < n; i += 8) {
@@ -174,6 +189,7 @@ float gen_f32(const TensorGen& g, uint64_t k, Rng& rng) {
     }
     case SynthFill::weight:
     case SynthFill::embedding:
+    case SynthFill::table:
       break;
   }
   STRATA_CHECK(false, "every 2D weight is quantized in every mix");
@@ -195,6 +211,13 @@ void generate(const TensorGen& g, uint64_t first, uint64_t n, uint8_t* out, Rng&
     case GgmlType::f32:
       for (uint64_t i = 0; i < n; ++i) {
         const float v = gen_f32(g, first + i, rng);
+        std::memcpy(out + 4 * i, &v, 4);
+      }
+      return;
+    case GgmlType::i32:
+      STRATA_CHECK(g.fill->kind == SynthFill::table, "only tables are I32");
+      for (uint64_t i = 0; i < n; ++i) {
+        const int32_t v = table_entry(g, (first + i) / g.row_len, (first + i) % g.row_len);
         std::memcpy(out + 4 * i, &v, 4);
       }
       return;
@@ -229,7 +252,8 @@ void SynthPlan::fill(size_t index, uint64_t offset, std::span<uint8_t> out) cons
               .fill = &fills[index],
               .row_blocks = t.ne[0] / tr.block_size,
               .row_len = t.ne[0],
-              .mxfp4_exp = 128 + int(std::floor(std::log2(fills[index].std / kStdMxfp4)))};
+              .mxfp4_exp = 128 + int(std::floor(std::log2(fills[index].std / kStdMxfp4))),
+              .seed = synth_random::mix64(seed + index)};
 
   const uint64_t block_bytes = tr.type_size;
   const uint64_t n_blocks = t.n_bytes / block_bytes;
