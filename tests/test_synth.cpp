@@ -447,6 +447,21 @@ TEST(SynthValues, DeepSeek4TablesAndForward) {
       ASSERT_NEAR((*l)[j], (*all)[i * V + j], 1e-4f);
     }
   }
+  // a file whose last layer is a multi-token-prediction (nextn) layer: the main layers load, the
+  // nextn layer is counted and left out
+  SynthPlan with_mtp = plan_of("tiny-deepseek4", SynthQuant::q8_0, seeded(5));
+  with_mtp.writer.set("deepseek4.nextn_predict_layers", GgufValue::make_u32(1));
+  const std::vector<uint8_t> mtp_bytes = with_mtp.write_memory();
+  auto mtp_file = GgufFile::parse(mtp_bytes, "tiny-deepseek4-mtp");
+  ASSERT_TRUE(mtp_file.ok());
+  auto mtp = Model::load(std::move(*mtp_file));
+  ASSERT_TRUE(mtp.ok()) << mtp.error().message;
+  EXPECT_EQ((*mtp)->hparams().n_layer, 2);
+  EXPECT_EQ((*mtp)->hparams().n_nextn_ignored, 1);
+  Session s(**mtp, 64, cpu::MatmulPath::exact);
+  auto l = s.eval(ids);
+  ASSERT_TRUE(l.ok());
+  EXPECT_TRUE(std::all_of(l->begin(), l->end(), [](float x) { return std::isfinite(x); }));
 }
 
 TEST(SynthValues, SameSeedSameBytesWhateverTheChunkingAndThreads) {

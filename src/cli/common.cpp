@@ -101,6 +101,9 @@ Result<Loaded> load_model(const CommonOptions& o, const char* cmd) {
                s->arch.c_str(), format_bytes(double(s->n_bytes)).c_str(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), how.c_str(),
                cpu::compute_pool().size(), c.source == "defaults" ? "" : (", config " + c.source).c_str());
+  if (const int n = (*m)->hparams().n_nextn_ignored; n > 0)
+    std::fprintf(stderr, "%s: the file's %d multi-token-prediction (nextn) layer%s not loaded: strata does not use "
+                 "them yet\n", cmd, n, n == 1 ? " is" : "s are");
   return Loaded{std::move(*m), std::move(*s), std::move(*config)};
 }
 

@@ -188,6 +188,12 @@ Result<HParams> read_hparams(const GgufFile& f) {
 
   KeyReader k(f, *arch + ".");
   STRATA_TRY(k.u("block_count", hp.n_layer));
+  // multi-token-prediction (nextn) layers follow the main ones: not computed (yet), not loaded
+  STRATA_TRY(k.u("nextn_predict_layers", hp.n_nextn_ignored, false));
+  if (hp.n_nextn_ignored < 0 || hp.n_nextn_ignored >= hp.n_layer)
+    return Error{strfmt("%s: %s.nextn_predict_layers %d leaves no layer of %d", f.name().c_str(), arch->c_str(),
+                        hp.n_nextn_ignored, hp.n_layer)};
+  hp.n_layer -= hp.n_nextn_ignored;
   STRATA_TRY(k.u("embedding_length", hp.n_embd));
   STRATA_TRY(k.u("context_length", hp.n_ctx_train));
   STRATA_TRY(k.u("attention.head_count", hp.n_head));
@@ -317,11 +323,12 @@ Result<HParams> read_hparams(const GgufFile& f) {
       auto numbers = [&](const char* key, size_t n, auto& out) -> Status {
         auto v = f.get_number_array(*arch + "." + key);
         if (!v) return v.error();
-        if (!v->has_value() || (*v)->size() != n)
+        if (!v->has_value() || (*v)->size() < n || (*v)->size() > n + size_t(hp.n_nextn_ignored))
           return Error{strfmt("%s: %s.%s must be an array of %zu numbers (one per layer)", f.name().c_str(),
-                              arch->c_str(), key, n)};
+                              arch->c_str(), key, n + size_t(hp.n_nextn_ignored))};
         out.clear();
-        for (double x : **v) out.push_back(static_cast<typename std::decay_t<decltype(out)>::value_type>(x));
+        for (size_t i = 0; i < n; ++i)  // the main layers' (nextn layers' entries follow)
+          out.push_back(static_cast<typename std::decay_t<decltype(out)>::value_type>((**v)[i]));
         return Status::success();
       };
       if (hp.n_layer <= 0 || hp.n_layer > 4096)

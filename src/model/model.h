@@ -39,7 +39,8 @@ struct GluParams {
 struct HParams {
   Arch arch = Arch::qwen3moe;
   std::string arch_name;
-  int n_layer = 0;
+  int n_layer = 0;          // the main layers (block_count less the nextn layers)
+  int n_nextn_ignored = 0;  // multi-token-prediction layers in the file, not loaded (#13)
   int n_embd = 0;
   int n_vocab = 0;
   int n_ctx_train = 0;
