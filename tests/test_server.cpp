@@ -591,7 +591,13 @@ TEST(Server, SoakConcurrentClientsWithCancellations) {
   }
   EXPECT_LE(fds, fds0) << "descriptors still open";
   const int64_t rss = rss_bytes();
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // a sanitizer's quarantine and shadow memory grow the RSS by design (ASan keeps 256 MiB of freed
+  // blocks); its leak checker covers leaks instead
+  std::printf("soak: RSS not checked under a sanitizer\n");
+#else
   EXPECT_LT(rss, rss0 + (64 << 20)) << "RSS grew from " << rss0 / 1048576 << " to " << rss / 1048576 << " MiB";
+#endif
   {  // still serving
     auto c = s.client();
     auto r = c.Post("/v1/completions", json{{"prompt", "Hi"}, {"max_tokens", 2}}.dump(), "application/json");
