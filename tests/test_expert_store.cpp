@@ -14,7 +14,6 @@
 #include "engine/config.h"
 #include "engine/session.h"
 #include "model/model_info.h"
-#include "test_support.h"
 #include "model/synth.h"
 #include "storage/expert_store.h"
 
@@ -32,14 +31,7 @@ class StreamedModel {
     path_ = ::testing::TempDir() + "strata-expert-store-" + std::string(shape_name) + "-" + std::to_string(::getpid()) + ".gguf";
     STRATA_CHECK(plan->write_file(path_).ok());
   }
-  // A model file that exists (not removed at the end).
-  struct Existing {
-    std::string path;
-  };
-  explicit StreamedModel(Existing e) : path_(std::move(e.path)), owned_(false) {}
-  ~StreamedModel() {
-    if (owned_) std::remove(path_.c_str());
-  }
+  ~StreamedModel() { std::remove(path_.c_str()); }
   const std::string& path() const { return path_; }
 
   // Faults on every read touching layer `layer`'s gate matrix of `expert` (all experts: -1).
@@ -78,7 +70,6 @@ class StreamedModel {
 
  private:
   std::string path_;
-  bool owned_ = true;
 };
 
 ExpertStoreOptions small_queue() {
@@ -148,13 +139,11 @@ TEST(ExpertStore, StreamedEqualsInRam) {
   }
 }
 
-// deepseek4 (the fixture model): streamed decode is bit-identical to the all-in-RAM model, and
-// the hash-routed layer's experts are read ahead of the layer, from the token ids alone: that
-// layer never waits on a demand read, not even on a cold cache.
+// deepseek4 (a synthetic model of the fixture's shape, streamed through a cache smaller than its
+// experts): decode is bit-identical to the all-in-RAM model, and the hash-routed layer's experts
+// are read ahead of the layer, from the token ids alone: that layer never waits on a demand read.
 TEST(ExpertStore, DeepSeek4HashLayersAreReadBeforeTheirLayer) {
-  auto dir = test::fixtures_dir();
-  if (!dir) GTEST_SKIP() << "../shared/fixtures not found";
-  StreamedModel sm(StreamedModel::Existing{(*dir / "models" / "deepseek4" / "model-Q8_0.gguf").string()});
+  StreamedModel sm("tiny-deepseek4");
   const auto ram = sm.in_ram();
   ASSERT_EQ(ram->hparams().n_hash_layers, 1);
   const auto want = run(*ram, 20, 24);
