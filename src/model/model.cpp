@@ -340,12 +340,15 @@ Result<HParams> read_hparams(const GgufFile& f) {
         if (r != 0 && r != 4 && r != 128)
           return Error{strfmt("%s: deepseek4 compress ratio %d is not supported (0, 4 or 128)", f.name().c_str(), r)};
       if (hp.n_head_kv != 1 || hp.head_dim_k != hp.head_dim_v || hp.hc_streams < 1 || hp.hc_streams > 16 ||
-          hp.o_groups <= 0 || hp.n_head % hp.o_groups != 0 || hp.n_hash_layers > hp.n_layer ||
+          hp.o_groups <= 0 || hp.n_head % hp.o_groups != 0 || hp.o_lora_rank <= 0 || hp.o_lora_rank % 16 != 0 ||
+          hp.n_hash_layers > hp.n_layer ||
           hp.idx_top_k <= 0 || hp.idx_head_dim < hp.rope.n_rot || hp.n_idx_head <= 0)
         return Error{strfmt("%s: inconsistent deepseek4 hyperparameters (kv heads %d, key %d / value %d, "
-                            "%d streams, %d output groups for %d heads, %d hash layers, indexer %d x %d top %d)",
+                            "%d streams, %d output groups of rank %d (a multiple of 16) for %d heads, %d hash layers, "
+                            "indexer %d x %d top %d)",
                             f.name().c_str(), hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, hp.hc_streams,
-                            hp.o_groups, hp.n_head, hp.n_hash_layers, hp.n_idx_head, hp.idx_head_dim, hp.idx_top_k)};
+                            hp.o_groups, hp.o_lora_rank, hp.n_head, hp.n_hash_layers, hp.n_idx_head, hp.idx_head_dim,
+                            hp.idx_top_k)};
       break;
     }
   }

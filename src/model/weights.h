@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "base/error.h"
 #include "model/ggml_type.h"
 
 namespace strata {
@@ -28,6 +29,8 @@ struct Weight {
   }
   // Rows [r0, r0 + n) of a 2D weight (an interleaved one: at whole 16-row groups).
   Weight rows(int64_t r0, int64_t n) const {
+    STRATA_CHECK(r0 >= 0 && n >= 0 && r0 + n <= n_out && n_mat == 1 &&
+                 (!interleaved || (r0 % 16 == 0 && (n % 16 == 0 || r0 + n == n_out))));
     Weight w = *this;
     w.data = data + size_t(r0) * row_bytes;
     w.n_out = n;
