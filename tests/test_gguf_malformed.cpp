@@ -6,6 +6,8 @@
 
 #include "gguf_builder.h"
 #include "model/gguf.h"
+#include "model/model.h"
+#include "model/synth.h"
 #include "test_support.h"
 
 namespace strata {
@@ -228,6 +230,45 @@ TEST(GgufMalformed, InfoCommandReportsOneLineErrors) {
   std::string out;
   EXPECT_EQ(test::run_cli("info \"" + (dir / "does-not-exist.gguf").string() + "\"", &out), 1);
   EXPECT_NE(out.find("cannot open"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// Hyperparameters a hostile header can set on the DeepSeek families: each an error naming the
+// key, never undefined behaviour. (The first was fuzz_gguf_reader's finding: an
+// expert_shared_count of 721420289 overflowed the shared FFN width.)
+TEST(GgufMalformed, HostileDeepSeekHyperparameters) {
+  struct Case {
+    const char* shape;
+    const char* key;
+    GgufValue value;
+    const char* message;
+  };
+  std::vector<int32_t> bad_ratios = {0, 5, 128};
+  const Case cases[] = {
+      {"tiny-deepseek2", "deepseek2.expert_shared_count", GgufValue::make_u32(721420289), "expert_shared_count"},
+      {"tiny-deepseek4", "deepseek4.expert_shared_count", GgufValue::make_u32(721420289), "expert_shared_count"},
+      {"tiny-deepseek4", "deepseek4.nextn_predict_layers", GgufValue::make_u32(3), "nextn_predict_layers"},
+      {"tiny-deepseek4", "deepseek4.attention.compress_ratios", GgufValue::make_i32_array(bad_ratios), "compress ratio 5"},
+      {"tiny-deepseek4", "deepseek4.attention.output_lora_rank", GgufValue::make_u32(24), "output groups"},
+      {"tiny-deepseek4", "deepseek4.expert_gating_func", GgufValue::make_u32(2), "expert_gating_func"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.shape) + " " + c.key);
+    auto plan = build_synth_plan(*find_synth_shape(c.shape), SynthQuant::q8_0, {});
+    ASSERT_TRUE(plan.ok());
+    plan->writer.set(c.key, c.value);
+    const std::vector<uint8_t> bytes = plan->write_memory();
+    auto file = GgufFile::parse(bytes, c.shape);
+    ASSERT_TRUE(file.ok()) << file.error().message;
+    auto m = Model::load(std::move(*file));
+    ASSERT_FALSE(m.ok());
+    EXPECT_NE(m.error().message.find(c.message), std::string::npos) << m.error().message;
+  }
 }
 
 }  // namespace

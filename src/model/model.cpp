@@ -171,6 +171,19 @@ class TensorGetter {
     lhs = std::move(*r_);           \
   } while (0)
 
+// The shared experts' FFN width (deepseek2, deepseek4): expert_shared_count experts of
+// expert_feed_forward_length, as one FFN. A product past int is a hostile header.
+Status read_shared_width(const GgufFile& f, KeyReader& k, HParams& hp) {
+  int n_shared = 0;
+  STRATA_TRY(k.u("expert_shared_count", n_shared));
+  const int64_t width = int64_t(n_shared) * hp.n_ff_exp;
+  if (width > INT32_MAX)
+    return Error{strfmt("%s: expert_shared_count %d x expert_feed_forward_length %d is too large", f.name().c_str(),
+                        n_shared, hp.n_ff_exp)};
+  hp.n_ff_shexp = int(width);
+  return Status::success();
+}
+
 Result<HParams> read_hparams(const GgufFile& f) {
   HParams hp;
   auto arch = f.require_string("general.architecture");
@@ -262,9 +275,7 @@ Result<HParams> read_hparams(const GgufFile& f) {
       STRATA_TRY(k.f("expert_weights_scale", hp.expert_weights_scale, false));
       STRATA_TRY(k.u("expert_group_count", hp.n_group, false));
       STRATA_TRY(k.u("expert_group_used_count", hp.n_group_used, false));
-      int n_shared = 0;
-      STRATA_TRY(k.u("expert_shared_count", n_shared));
-      hp.n_ff_shexp = n_shared * hp.n_ff_exp;
+      STRATA_TRY(read_shared_width(f, k, hp));
       STRATA_TRY(k.u("attention.q_lora_rank", hp.q_lora_rank, false));
       STRATA_TRY(k.u("attention.kv_lora_rank", hp.kv_lora_rank));
       hp.qk_rope = hp.rope.n_rot;
@@ -295,9 +306,7 @@ Result<HParams> read_hparams(const GgufFile& f) {
       hp.norm_topk = true;
       STRATA_TRY(k.b("expert_weights_norm", hp.norm_topk));
       STRATA_TRY(k.f("expert_weights_scale", hp.expert_weights_scale, false));
-      int n_shared = 0;
-      STRATA_TRY(k.u("expert_shared_count", n_shared));
-      hp.n_ff_shexp = n_shared * hp.n_ff_exp;
+      STRATA_TRY(read_shared_width(f, k, hp));
       STRATA_TRY(k.u("attention.q_lora_rank", hp.q_lora_rank));
       STRATA_TRY(k.u("attention.sliding_window", hp.n_swa));
       STRATA_TRY(k.u("attention.indexer.head_count", hp.n_idx_head));
