@@ -26,6 +26,7 @@ struct ChatCliOptions {
   std::string template_name;  // overrides the GGUF's template
   bool raw = false;
   bool no_think = false;
+  DraftOptions draft;
   GenerateOptions gen{.n_predict = 512};
   SamplerParams sampling{.temperature = 0.7f, .top_k = 20, .top_p = 0.8f, .min_p = 0.0f,
                          .repeat_penalty = 1.0f, .penalty_last_n = 64, .seed = 0};
@@ -63,6 +64,10 @@ int run_chat(ChatCliOptions o) {
   Session session(m, ctx, cpu::MatmulPath::quantized, loaded->config.kv_type);
   o.sampling.seed = std::random_device{}();
   Sampler sampler(o.sampling);
+  auto drafter = make_drafter(o.draft.drafter);
+  if (!drafter) return fail(drafter.error().message);
+  o.gen.drafter = drafter->get();
+  o.gen.max_draft = o.draft.max;
   std::fprintf(stderr, "strata chat: %s, template %s, context %d; an empty line or end of input ends the chat\n",
                loaded->config.model_path.c_str(), chat_format_name(format).data(), ctx);
 
@@ -98,8 +103,10 @@ int run_chat(ChatCliOptions o) {
     cached = history;
     if (int64_t(cached.size()) > session.n_past()) cached.resize(size_t(session.n_past()));
     messages.push_back({"assistant", r->text});
-    std::fprintf(stderr, "[%d tokens, %.2f tok/s]\n", r->n_generated,
+    std::fprintf(stderr, "[%d tokens, %.2f tok/s", r->n_generated,
                  r->n_generated > 1 ? (r->n_generated - 1) / r->decode_seconds : 0.0);
+    if (r->n_drafted > 0) std::fprintf(stderr, ", %d of %d drafts accepted", r->n_accepted, r->n_drafted);
+    std::fprintf(stderr, "]\n");
   }
   return 0;
 }
@@ -110,6 +117,7 @@ Runner add_chat_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("chat", "interactive multi-turn chat with the model's chat template");
   auto o = std::make_shared<ChatCliOptions>();
   add_common(sub, o->common);
+  add_draft_options(sub, o->draft);
   sub->add_option("-s,--system", o->system, "system message");
   sub->add_option("--template", o->template_name, "chat format instead of the GGUF's: qwen3, chatml, deepseek3, harmony, raw");
   sub->add_flag("--raw", o->raw, "no template: turns are concatenated as raw text");

@@ -20,6 +20,7 @@ namespace {
 struct RunOptions {
   CommonOptions common;
   std::string prompt = "The quick brown fox";
+  DraftOptions draft;
   GenerateOptions gen{.n_predict = 64};
   SamplerParams sampling{.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f,
                          .repeat_penalty = 1.0f, .penalty_last_n = 64, .seed = 0};
@@ -54,6 +55,13 @@ int run_generate(RunOptions o) {
   if (!o.seed_given) o.sampling.seed = std::random_device{}();
   Session session(m, ctx, cpu::MatmulPath::quantized, loaded->config.kv_type);
   Sampler sampler(o.sampling);
+  auto drafter = make_drafter(o.draft.drafter);
+  if (!drafter) {
+    std::fprintf(stderr, "strata run: %s\n", drafter.error().message.c_str());
+    return 1;
+  }
+  o.gen.drafter = drafter->get();
+  o.gen.max_draft = o.draft.max;
 
   std::printf("%s", o.prompt.c_str());
   std::fflush(stdout);
@@ -74,6 +82,10 @@ int run_generate(RunOptions o) {
                r->n_generated, r->decode_seconds,
                r->n_generated > 1 ? (r->n_generated - 1) / r->decode_seconds : 0.0, r->stop_reason,
                o.sampling.seed);
+  if (o.gen.drafter != nullptr)
+    std::fprintf(stderr, "strata run: speculative (%s): %d decode steps, %d tokens drafted, %d accepted (%.0f%%)\n",
+                 o.gen.drafter->name().c_str(), r->n_steps, r->n_drafted, r->n_accepted,
+                 r->n_drafted > 0 ? 100.0 * r->n_accepted / r->n_drafted : 0.0);
   return 0;
 }
 
@@ -83,6 +95,7 @@ Runner add_run_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("run", "generate text from a prompt");
   auto o = std::make_shared<RunOptions>();
   add_common(sub, o->common);
+  add_draft_options(sub, o->draft);
   sub->add_option("-p,--prompt", o->prompt, "prompt text");
   sub->add_option("-n,--n-predict", o->gen.n_predict, "tokens to generate")->check(CLI::PositiveNumber);
   sub->add_option("--temp", o->sampling.temperature, "temperature (0: greedy)")->check(CLI::NonNegativeNumber);

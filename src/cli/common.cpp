@@ -23,6 +23,13 @@ void add_common(CLI::App* sub, CommonOptions& o) {
       ->check(CLI::IsMember({"auto", "ram", "mmap"}));
 }
 
+void add_draft_options(CLI::App* sub, DraftOptions& o) {
+  sub->add_option("--draft", o.drafter,
+                  "speculative decoding: none (default) or ngram (prompt lookup; drafts verified in one batched "
+                  "pass, the number drafted adapts to what is accepted)");
+  sub->add_option("--draft-max", o.max, "most tokens drafted per step (default 8)")->check(CLI::Range(1, 32));
+}
+
 Result<Config> resolve_config(const CommonOptions& o) {
   std::vector<ConfigOverride> overrides;
   for (const std::string& s : o.sets) {

@@ -28,6 +28,13 @@ struct CommonOptions {
 
 void add_common(CLI::App* sub, CommonOptions& o);
 
+// Speculative decoding (run, chat): --draft NAME, --draft-max K.
+struct DraftOptions {
+  std::string drafter = "none";
+  int max = 8;
+};
+void add_draft_options(CLI::App* sub, DraftOptions& o);
+
 // The config file, then --set, then the flags.
 Result<Config> resolve_config(const CommonOptions& o);
 

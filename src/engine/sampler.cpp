@@ -8,8 +8,8 @@
 
 namespace strata {
 
-int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
-  prof::Span span(prof::Part::sample);
+int32_t Sampler::distribution(std::span<const float> logits, std::span<const int32_t> history, size_t& keep,
+                              double& total) {
   if (p_.repeat_penalty != 1.0f && !history.empty() && p_.penalty_last_n != 0) {
     penalized_.assign(logits.begin(), logits.end());
     const size_t n = p_.penalty_last_n < 0 ? history.size()
@@ -40,7 +40,7 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     sum += c.first;
   }
   // nucleus: the smallest prefix whose probability reaches top_p
-  size_t keep = cand_.size();
+  keep = cand_.size();
   if (p_.top_p < 1.0f) {
     double acc = 0;
     for (size_t i = 0; i < cand_.size(); ++i) {
@@ -57,15 +57,48 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     while (k_min < keep && cand_[k_min].first >= floor) ++k_min;
     keep = k_min;
   }
-  double total = 0;
+  total = 0;
   for (size_t i = 0; i < keep; ++i) total += cand_[i].first;
+  return -1;
+}
+
+int32_t Sampler::draw(size_t keep, double total, int32_t skip) {
   const double u = std::uniform_real_distribution<double>(0.0, total)(rng_);
   double acc = 0;
+  size_t last = keep;
   for (size_t i = 0; i < keep; ++i) {
+    if (cand_[i].second == skip) continue;
     acc += cand_[i].first;
+    last = i;
     if (u < acc) return cand_[i].second;
   }
-  return cand_[keep - 1].second;
+  STRATA_CHECK(last < keep, "sampler: nothing to draw");
+  return cand_[last].second;
+}
+
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  prof::Span span(prof::Part::sample);
+  size_t keep = 0;
+  double total = 0;
+  if (const int32_t greedy = distribution(logits, history, keep, total); greedy >= 0) return greedy;
+  return draw(keep, total, -1);
+}
+
+int32_t Sampler::verify(std::span<const float> logits, std::span<const int32_t> history, int32_t draft,
+                        bool& accepted) {
+  prof::Span span(prof::Part::sample);
+  size_t keep = 0;
+  double total = 0;
+  if (const int32_t greedy = distribution(logits, history, keep, total); greedy >= 0) {
+    accepted = greedy == draft;
+    return greedy;
+  }
+  double p_draft = 0;
+  for (size_t i = 0; i < keep; ++i)
+    if (cand_[i].second == draft) p_draft = cand_[i].first;
+  accepted = p_draft > 0 && std::uniform_real_distribution<double>(0.0, total)(rng_) < p_draft;
+  if (accepted) return draft;
+  return draw(keep, total - p_draft, p_draft > 0 ? draft : -1);
 }
 
 }  // namespace strata

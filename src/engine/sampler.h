@@ -27,8 +27,20 @@ class Sampler {
   explicit Sampler(const SamplerParams& p) : p_(p), rng_(p.seed) {}
   // `history`: the tokens so far (prompt and generated), for the repetition penalty.
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history = {});
+  // Speculative decoding's accept/reject step for a drafted token (a deterministic draft: the
+  // draft distribution is all on `draft`). Greedy: accepted when the draft is the argmax, which is
+  // returned either way. Sampling (the rule of Leviathan et al. 2023 with that draft): accepted
+  // with the probability p(draft) of the distribution sample() draws from; otherwise a token drawn
+  // from p without the draft, renormalised. Either way the token returned is distributed as
+  // sample()'s. Sets `accepted`.
+  int32_t verify(std::span<const float> logits, std::span<const int32_t> history, int32_t draft, bool& accepted);
 
  private:
+  // Applies the repetition penalty; greedy: returns the argmax. Otherwise leaves the distribution
+  // in cand_[0 .. keep) (weights, not normalised, most likely first), returns -1 and sets total.
+  int32_t distribution(std::span<const float> logits, std::span<const int32_t> history, size_t& keep, double& total);
+  // A draw from cand_[0 .. keep) with weight `total`, skipping token `skip` (-1: none).
+  int32_t draw(size_t keep, double total, int32_t skip);
   SamplerParams p_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> cand_;

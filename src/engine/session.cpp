@@ -87,6 +87,48 @@ Result<std::vector<float>> Session::eval_batch(std::span<Session* const> session
   return logits;
 }
 
+void Session::begin_speculation() {
+  spec_pos_ = n_past_;
+  spec_rings_.clear();
+  for (KvCache::CompressedLayer& cl : cache_.compressed) {
+    for (KvCache::Compressor* c : {&cl.attn, &cl.index}) {
+      spec_rings_.push_back(c->ring_a);
+      spec_rings_.push_back(c->ring_s);
+    }
+  }
+}
+
+int Session::max_speculation() const {
+  int most = cache_.n_ctx;
+  for (const KvCache::CompressedLayer& cl : cache_.compressed)
+    for (const KvCache::Compressor* c : {&cl.attn, &cl.index})
+      if (cl.ratio > 0 && c->slots > 0) most = std::min(most, c->slots);
+  return most;
+}
+
+void Session::rewind(int64_t n) {
+  STRATA_CHECK(spec_pos_ >= 0 && n >= spec_pos_ && n <= n_past_, "rewind: outside the speculation");
+  STRATA_CHECK(n_past_ - spec_pos_ <= max_speculation(), "rewind: more tokens than the rings hold");
+  // a compressor's ring slot p mod slots was overwritten by the forgotten positions p >= n; the
+  // copy holds what it had before (positions the kept tokens still pool). Block rows are indexed
+  // by block and rewritten when a block's last token is evaluated again.
+  size_t i = 0;
+  for (KvCache::CompressedLayer& cl : cache_.compressed) {
+    for (KvCache::Compressor* c : {&cl.attn, &cl.index}) {
+      const std::vector<float>& a = spec_rings_[i++];
+      const std::vector<float>& s = spec_rings_[i++];
+      if (c->slots == 0) continue;
+      const size_t w = size_t(c->pool_width);
+      for (int64_t p = n; p < n_past_; ++p) {
+        const size_t at = size_t(p % c->slots) * w;
+        std::copy(a.begin() + long(at), a.begin() + long(at + w), c->ring_a.begin() + long(at));
+        std::copy(s.begin() + long(at), s.begin() + long(at + w), c->ring_s.begin() + long(at));
+      }
+    }
+  }
+  n_past_ = n;
+}
+
 int32_t argmax(std::span<const float> logits) {
   // the largest value with eight independent running maxima (the one-chain loop took 0.7 ms per
   // 152k-token vocabulary, a 1.5% of a decoded token), then its first index; NaN never wins

@@ -43,6 +43,16 @@ class Session {
     n_past_ = n;
     return n;
   }
+  // Speculative decoding: verify drafted tokens in one eval, then rewind to the accepted prefix.
+  // begin_speculation() remembers the per-layer state the next tokens may overwrite (deepseek4's
+  // compressor rings; other caches only append rows); rewind(n) then forgets the positions from n
+  // on exactly, for any n between the position at begin_speculation() and n_past(), provided at
+  // most max_speculation() tokens were evaluated since.
+  void begin_speculation();
+  void rewind(int64_t n);
+  // Most tokens one speculative eval may hold and still rewind exactly: the smallest compressor
+  // ring (deepseek4's ratio-4 layers keep 8 tokens), else the context.
+  int max_speculation() const;
   const Model& model() const { return model_; }
 
  private:
@@ -52,6 +62,9 @@ class Session {
   cpu::CpuBackend backend_;
   KvCache cache_;
   int64_t n_past_ = 0;
+  // begin_speculation's copy of the compressor rings ([layer][attn, index] -> ring_a, ring_s)
+  int64_t spec_pos_ = -1;
+  std::vector<std::vector<float>> spec_rings_;
 };
 
 // Index of the largest logit; ties go to the lowest id (as the fixtures' greedy files do).

@@ -1,0 +1,97 @@
+#include "engine/speculative.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace strata {
+
+std::vector<TokenId> NgramDrafter::draft(std::span<const TokenId> history, int k) {
+  const int64_t L = int64_t(history.size());
+  if (k <= 0) return {};
+  for (int n = std::min<int64_t>(max_n_, L - 1); n >= min_n_; --n) {
+    const TokenId* suffix = history.data() + (L - n);
+    // the latest earlier occurrence: it starts before the suffix does and something follows it
+    for (int64_t j = L - n - 1; j >= 0; --j) {
+      if (!std::equal(suffix, suffix + n, history.data() + j)) continue;
+      const int64_t from = j + n, to = std::min(L, from + k);
+      return {history.begin() + from, history.begin() + to};
+    }
+  }
+  return {};
+}
+
+Result<std::unique_ptr<Drafter>> make_drafter(const std::string& name) {
+  if (name.empty() || name == "none") return std::unique_ptr<Drafter>();
+  if (name == "ngram") return std::unique_ptr<Drafter>(std::make_unique<NgramDrafter>());
+  if (name == "mtp")
+    return Error{"drafter \"mtp\" (the model's nextn layers) is not built yet: strata does not load MTP layers; "
+                 "use \"ngram\""};
+  return Error{"unknown drafter \"" + name + "\" (none, ngram)"};
+}
+
+namespace {
+constexpr double kDecay = 0.95;       // per step with drafts: about the last 20 steps count
+constexpr double kTimeWeight = 0.2;   // a new step time's weight in its k's mean
+constexpr double kPriorSlope = 0.3;   // a drafted token's cost in plain steps, before measuring
+constexpr int kProbeMax = 256;
+
+// Expected tokens a step with k drafts produces: the accepted run plus the token after it.
+double tokens_per_step(double a, int k) {
+  if (a >= 1.0) return double(k + 1);
+  return (1.0 - std::pow(a, k + 1)) / (1.0 - a);
+}
+}  // namespace
+
+DraftController::DraftController(int max_k, bool adaptive)
+    : max_k_(std::max(0, max_k)), adaptive_(adaptive), seconds_(size_t(max_k_ + 1), 0.0) {}
+
+double DraftController::step_seconds(int k) const {
+  if (seconds_[size_t(k)] > 0) return seconds_[size_t(k)];
+  const double t0 = seconds_[0];
+  // the nearest measured k' > 0: scale its extra time per drafted token
+  for (int d = 1; d <= max_k_; ++d) {
+    for (int kk : {k - d, k + d}) {
+      if (kk <= 0 || kk > max_k_ || seconds_[size_t(kk)] <= 0) continue;
+      return t0 + (seconds_[size_t(kk)] - t0) / double(kk) * double(k);
+    }
+  }
+  return t0 * (1.0 + kPriorSlope * double(k));
+}
+
+double DraftController::expected_speedup(int k) const {
+  if (seconds_[0] <= 0) return 1.0;
+  return tokens_per_step(acceptance(), k) * seconds_[0] / step_seconds(k);
+}
+
+int DraftController::choose(int room) {
+  const int most = std::min(max_k_, room);
+  if (most <= 0) return 0;
+  if (!adaptive_) return most;
+  if (seconds_[0] <= 0) return 0;  // a plain step first: the yardstick
+  int best = 0;
+  double best_rate = 1.0;
+  for (int k = 1; k <= most; ++k) {
+    const double rate = expected_speedup(k);
+    if (rate > best_rate) best_rate = rate, best = k;
+  }
+  if (best > 0) {
+    plain_steps_ = 0;
+    probe_every_ = 16;
+    return best;
+  }
+  if (++plain_steps_ < probe_every_) return 0;
+  plain_steps_ = 0;
+  probe_every_ = std::min(2 * probe_every_, kProbeMax);
+  return 1;
+}
+
+void DraftController::record(int k, int accepted, double seconds) {
+  if (k < 0 || k > max_k_) return;
+  double& t = seconds_[size_t(k)];
+  t = t > 0 ? (1 - kTimeWeight) * t + kTimeWeight * seconds : seconds;
+  if (k == 0) return;
+  accepted_ = kDecay * accepted_ + double(accepted);
+  tried_ = kDecay * tried_ + double(accepted) + (accepted < k ? 1.0 : 0.0);
+}
+
+}  // namespace strata
