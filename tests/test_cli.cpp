@@ -39,6 +39,39 @@ TEST(Cli, RunIsReproducibleWithASeed) {
   EXPECT_EQ(a, b);
 }
 
+// --draft ngram: the same greedy text as without drafts, and a line with the drafts' count; a
+// drafter that is not built is a one-line error.
+TEST(Cli, RunWithDraftsGivesTheSameGreedyText) {
+  std::string plain, drafted, log;
+  const std::string args = "run -n 24 --temp 0 -p \"one two three one two three one two\"";
+  ASSERT_EQ(test::run_cli(args, &plain, true), 0) << plain;
+  ASSERT_EQ(test::run_cli(args + " --draft ngram --draft-max 4", &drafted, true), 0) << drafted;
+  EXPECT_EQ(drafted, plain);
+  ASSERT_EQ(test::run_cli(args + " --draft ngram", &log), 0) << log;
+  EXPECT_NE(log.find("speculative (ngram)"), std::string::npos) << log;
+  EXPECT_EQ(test::run_cli("run -n 4 --draft mtp", &log), 1);
+  EXPECT_EQ(lines(log), 1) << log;
+  EXPECT_NE(log.find("not built"), std::string::npos) << log;
+}
+
+// bench --speculative prints the cost curve (k = 0 and 1 here), the speed-up by acceptance rate
+// and the end-to-end comparison; --json has the same fields.
+TEST(Cli, BenchSpeculativeCostCurve) {
+  std::string out;
+  ASSERT_EQ(test::run_cli("bench --speculative --draft-max 1 -n 2 -d 8 --spec-gen 4 --json", &out, true), 0) << out;
+  const auto j = nlohmann::json::parse(out);
+  ASSERT_EQ(j["curve"].size(), 2u);
+  EXPECT_EQ(j["curve"][0]["k"], 0);
+  EXPECT_DOUBLE_EQ(j["curve"][0]["vs_plain"].get<double>(), 1.0);
+  // the bundled model has 8 experts, top-4: one token computes 4 per layer, two between 4 and 8
+  EXPECT_DOUBLE_EQ(j["curve"][0]["experts_per_layer"].get<double>(), 4.0);
+  EXPECT_GE(j["curve"][1]["experts_per_layer"].get<double>(), 4.0);
+  EXPECT_LE(j["curve"][1]["experts_per_layer"].get<double>(), 8.0);
+  EXPECT_GT(j["curve"][1]["roofline_s"].get<double>(), 0.0);
+  EXPECT_EQ(j["speedup"].size(), 6u);
+  EXPECT_EQ(j["end_to_end"].size(), 2u);
+}
+
 TEST(Cli, MissingModelIsAOneLineError) {
   std::string out;
   EXPECT_EQ(test::run_cli("run -m /nonexistent/model.gguf", &out), 1);

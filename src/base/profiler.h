@@ -46,6 +46,9 @@ struct Totals {
   std::array<std::atomic<int64_t>, size_t(Link::count)> link_ns{};  // non-nested spans only
   // [layer][part]; spans outside a layer (embed, output, sampling) are not here
   std::array<std::array<std::atomic<int64_t>, size_t(Part::count)>, kMaxLayers> layer_ns{};
+  // Routed experts computed (distinct per layer and forward pass) and their weight bytes: counted
+  // whether or not spans are enabled (one add per MoE layer), for speculative decoding's roofline.
+  std::atomic<int64_t> experts_run{0}, expert_bytes{0};
 };
 
 inline std::atomic<bool> g_enabled{false};
@@ -68,6 +71,12 @@ inline void reset() {
   for (auto& v : g_totals.link_ns) v.store(0);
   for (auto& layer : g_totals.layer_ns)
     for (auto& v : layer) v.store(0);
+  g_totals.experts_run.store(0);
+  g_totals.expert_bytes.store(0);
+}
+inline void count_experts(int64_t n, int64_t bytes) {
+  g_totals.experts_run.fetch_add(n, std::memory_order_relaxed);
+  g_totals.expert_bytes.fetch_add(bytes, std::memory_order_relaxed);
 }
 inline int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - g_epoch).count();

@@ -14,6 +14,7 @@
 #include <random>
 
 #include "base/profiler.h"
+#include "cli/bench_speculative.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cpu/calibrate.h"
@@ -37,6 +38,9 @@ struct BenchOptions {
   bool profile = false;
   bool json = false;
   std::string routing = "model";
+  bool speculative = false;
+  int draft_max = 8;
+  int spec_gen = 64;
 };
 
 struct Test {
@@ -167,6 +171,16 @@ int run_bench(const BenchOptions& o) {
     nvme_probe_gbps = probe->gbps;
     std::fprintf(stderr, "strata bench: disk probe of the model file: %.2f GB/s (%s, random 1 MiB reads, queue depth %d)%s%s\n",
                  probe->gbps, probe->method.c_str(), po.queue_depth, probe->note.empty() ? "" : "; ", probe->note.c_str());
+  }
+  if (o.speculative) {
+    SpeculativeBenchOptions so;
+    so.depth = o.depth > 0 ? o.depth : so.depth;
+    so.steps = o.n_gen.empty() ? so.steps : std::max(1, o.n_gen[0]);
+    so.max_k = o.draft_max;
+    so.gen_tokens = o.spec_gen;
+    so.json = o.json;
+    so.nvme_probe_gbps = nvme_probe_gbps;
+    return bench_speculative(*loaded, so);
   }
   if (!o.json) {
     std::printf("| %-28s | %10s | %8s | %-10s | %7s | %8s | %20s | %-34s |\n", "model", "size", "params", "backend",
@@ -306,6 +320,13 @@ Runner add_bench_command(CLI::App& app) {
                   "whose expert choices: model (the routers', default), trace:FILE (a recorded trace, "
                   "../shared/traces format, mapped onto the model), synthetic[:ZIPF,REPEAT,DRIFT] (skewed, "
                   "fitted to the Mixtral trace by default)");
+  sub->add_flag("--speculative", o->speculative,
+                "speculative decoding's cost curve instead of the tests: a verification step of k = 0 .. "
+                "--draft-max drafted tokens against a plain step and its roofline (-n: steps per k, default 16; "
+                "-d: depth, default 64), and the speed-up by acceptance rate");
+  sub->add_option("--spec-gen", o->spec_gen, "--speculative: tokens generated end to end, plain and drafted (default 64, 0: skip)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--draft-max", o->draft_max, "--speculative: the largest k (default 8)")->check(CLI::Range(1, 32));
   return [o] { return run_bench(*o); };
 }
 

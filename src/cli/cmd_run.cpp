@@ -28,6 +28,11 @@ struct RunOptions {
 };
 
 int run_generate(RunOptions o) {
+  auto drafter = make_drafter(o.draft.drafter);
+  if (!drafter) {
+    std::fprintf(stderr, "strata run: %s\n", drafter.error().message.c_str());
+    return 1;
+  }
   auto loaded = load_model(o.common, "strata run");
   if (!loaded) {
     std::fprintf(stderr, "strata run: %s\n", loaded.error().message.c_str());
@@ -55,11 +60,6 @@ int run_generate(RunOptions o) {
   if (!o.seed_given) o.sampling.seed = std::random_device{}();
   Session session(m, ctx, cpu::MatmulPath::quantized, loaded->config.kv_type);
   Sampler sampler(o.sampling);
-  auto drafter = make_drafter(o.draft.drafter);
-  if (!drafter) {
-    std::fprintf(stderr, "strata run: %s\n", drafter.error().message.c_str());
-    return 1;
-  }
   o.gen.drafter = drafter->get();
   o.gen.max_draft = o.draft.max;
 

@@ -396,6 +396,8 @@ void moe_ffn(const cpu::CpuBackend& be, const LayerWeights& l, const Routing& r,
   std::vector<int32_t> ids;  // active experts by id
   for (int64_t e = 0; e < n_exp; ++e)
     if (slot[size_t(e)] >= 0) ids.push_back(int32_t(e));
+  prof::count_experts(int64_t(ids.size()), int64_t(ids.size() * (l.gate_exps.mat_bytes() + l.up_exps.mat_bytes() +
+                                                                   l.down_exps.mat_bytes())));
   const int64_t F = l.gate_exps.n_out;
   // expert e's bias: row e of a stacked [n_expert][width] bias (null when the layer has none)
   auto bias = [](const Weight& b, int64_t e, int64_t width) {

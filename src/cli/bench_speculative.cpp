@@ -1,0 +1,202 @@
+#include "cli/bench_speculative.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "base/profiler.h"
+#include "cpu/calibrate.h"
+#include "cpu/thread_pool.h"
+#include "engine/generate.h"
+#include "engine/session.h"
+#include "engine/speculative.h"
+
+namespace strata::cli {
+namespace {
+
+struct KCost {
+  int k = 0;
+  double seconds = 0;       // mean step time
+  double experts = 0;       // routed experts computed per step (all layers)
+  double expert_bytes = 0;  // their weight bytes
+  double nvme_bytes = 0;    // read from disk per step
+  double dram_gbps = 0;     // probed around the steps
+  double roofline = 0;      // seconds
+};
+
+// Expected tokens of a step with k drafts at per-token acceptance a.
+double tokens_per_step(double a, int k) { return a >= 1 ? k + 1.0 : (1 - std::pow(a, k + 1)) / (1 - a); }
+
+}  // namespace
+
+int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
+  const Model& m = *loaded.model;
+  const ModelSummary& sm = loaded.summary;
+  const HParams& hp = m.hparams();
+  ExpertStore* store = m.expert_store.get();
+  cpu::ThreadPool& pool = cpu::compute_pool();
+  const int64_t ctx = int64_t(o.depth) + int64_t(o.max_k + 2) * (o.steps + 1) + 1;
+  const int64_t limit = context_limit(m, loaded.config);
+  if (ctx > limit) {
+    std::fprintf(stderr, "strata bench: --speculative needs a context of %lld (depth %d, %d steps per k), more than %lld\n",
+                 static_cast<long long>(ctx), o.depth, o.steps, static_cast<long long>(limit));
+    return 1;
+  }
+  std::mt19937 rng(99);
+  auto random_tokens = [&](int n) {
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (auto& id : t) id = int32_t(rng() % uint32_t(hp.n_vocab));
+    return t;
+  };
+  Session s(m, int(ctx), cpu::MatmulPath::quantized, loaded.config.kv_type);
+  if (o.depth > 0) {
+    if (auto l = s.eval(random_tokens(o.depth)); !l) {
+      std::fprintf(stderr, "strata bench: %s\n", l.error().message.c_str());
+      return 1;
+    }
+  }
+  // the routed bytes one token reads, and so the rest (dense, shared, attention, head)
+  const double routed_per_token = sm.n_expert ? double(sm.expert_bytes_total) * double(sm.n_expert_used) / double(sm.n_expert) : 0;
+  const double dense_bytes = double(sm.active_bytes_per_token) - routed_per_token;
+  // end to end: decoding with the n-gram drafter (adaptive k) against plain decoding, greedy (a
+  // random-weight model falls into loops the drafter predicts) and at temperature 1 (drafts rarely
+  // accepted: the controller must turn drafting down)
+  struct EndToEnd {
+    float temp = 0;
+    double plain_tps = 0, spec_tps = 0;
+    GenerateResult spec;
+  };
+  std::vector<EndToEnd> e2e;
+  if (o.gen_tokens > 0) {
+    auto tok = Tokenizer::from_gguf(m.file());
+    if (!tok) {
+      std::fprintf(stderr, "strata bench: %s\n", tok.error().message.c_str());
+      return 1;
+    }
+    const std::vector<int32_t> prompt = random_tokens(std::max(1, o.depth));
+    {  // warm-up: the first generation pays for page faults and scratch buffers
+      Session gs(m, int(prompt.size()) + 9, cpu::MatmulPath::quantized, loaded.config.kv_type);
+      Sampler sampler({});
+      std::vector<TokenId> history;
+      if (auto r = generate(gs, *tok, sampler, prompt, history, {.n_predict = 8, .ignore_eos = true}, [](std::string_view) {}); !r) {
+        std::fprintf(stderr, "strata bench: %s\n", r.error().message.c_str());
+        return 1;
+      }
+    }
+    for (float temp : {0.0f, 1.0f}) {
+      EndToEnd e;
+      e.temp = temp;
+      for (bool spec : {false, true}) {
+        Session gs(m, int(prompt.size()) + o.gen_tokens + 1, cpu::MatmulPath::quantized, loaded.config.kv_type);
+        Sampler sampler({.temperature = temp, .top_k = 40, .top_p = 1.0f, .min_p = 0.0f, .seed = 5});
+        NgramDrafter ngram;
+        std::vector<TokenId> history;
+        GenerateOptions go{.n_predict = o.gen_tokens, .ignore_eos = true, .drafter = spec ? &ngram : nullptr,
+                           .max_draft = o.max_k};
+        auto r = generate(gs, *tok, sampler, prompt, history, go, [](std::string_view) {});
+        if (!r) {
+          std::fprintf(stderr, "strata bench: %s\n", r.error().message.c_str());
+          return 1;
+        }
+        const double tps = (r->n_generated - 1) / r->decode_seconds;
+        (spec ? e.spec_tps : e.plain_tps) = tps;
+        if (spec) e.spec = *r;
+      }
+      e2e.push_back(e);
+    }
+  }
+  std::vector<KCost> costs;
+  for (int k = 0; k <= o.max_k; ++k) {
+    KCost c;
+    c.k = k;
+    const double gbps_before = cpu::measure_read_gbps(pool);
+    // one untimed step first (the expert cache and the scratch buffers settle)
+    for (int step = -1; step < o.steps; ++step) {
+      const int64_t pos = s.n_past();
+      const std::vector<int32_t> batch = random_tokens(k + 1);
+      prof::reset();
+      const uint64_t nvme0 = store ? store->stats().bytes_read : 0;
+      const auto t0 = std::chrono::steady_clock::now();
+      s.begin_speculation();
+      auto l = s.eval(batch, k > 0);
+      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!l) {
+        std::fprintf(stderr, "strata bench: %s\n", l.error().message.c_str());
+        return 1;
+      }
+      s.rewind(pos + 1);
+      if (step < 0) continue;
+      c.seconds += sec / o.steps;
+      c.experts += double(prof::g_totals.experts_run.load()) / o.steps;
+      c.expert_bytes += double(prof::g_totals.expert_bytes.load()) / o.steps;
+      if (store) c.nvme_bytes += double(store->stats().bytes_read - nvme0) / o.steps;
+    }
+    c.dram_gbps = 0.5 * (gbps_before + cpu::measure_read_gbps(pool));
+    const double bytes = dense_bytes + c.expert_bytes;
+    c.roofline = bytes / (c.dram_gbps * 1e9);
+    if (store && o.nvme_probe_gbps > 0) c.roofline = std::max(c.roofline, c.nvme_bytes / (o.nvme_probe_gbps * 1e9));
+    costs.push_back(c);
+  }
+  const double t0 = costs[0].seconds;
+  const double layers = double(std::max<uint64_t>(1, sm.n_moe_layers));
+  const std::vector<double> rates = {0.3, 0.5, 0.6, 0.7, 0.8, 0.9};
+  // per acceptance rate: the best k over the measured curve and its speed-up over plain decoding
+  std::vector<std::pair<int, double>> best;
+  for (double a : rates) {
+    std::pair<int, double> b{0, 1.0};
+    for (const KCost& c : costs) {
+      const double s_up = tokens_per_step(a, c.k) * t0 / c.seconds;
+      if (s_up > b.second) b = {c.k, s_up};
+    }
+    best.push_back(b);
+  }
+  if (o.json) {
+    nlohmann::json j;
+    j["model"] = sm.name.empty() ? sm.arch : sm.name;
+    j["depth"] = o.depth;
+    j["steps"] = o.steps;
+    for (const KCost& c : costs) {
+      j["curve"].push_back({{"k", c.k}, {"step_s", c.seconds}, {"vs_plain", c.seconds / t0},
+                            {"experts_per_layer", c.experts / layers}, {"bytes", dense_bytes + c.expert_bytes},
+                            {"nvme_bytes", c.nvme_bytes}, {"dram_gbps", c.dram_gbps}, {"roofline_s", c.roofline},
+                            {"of_roofline", c.roofline / c.seconds}});
+    }
+    for (size_t i = 0; i < rates.size(); ++i)
+      j["speedup"].push_back({{"acceptance", rates[i]}, {"best_k", best[i].first}, {"speedup", best[i].second}});
+    for (const EndToEnd& e : e2e)
+      j["end_to_end"].push_back({{"temperature", e.temp}, {"plain_tps", e.plain_tps}, {"ngram_tps", e.spec_tps},
+                                 {"steps", e.spec.n_steps}, {"drafted", e.spec.n_drafted}, {"accepted", e.spec.n_accepted}});
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  const double n_exp = double(sm.n_expert), k_used = double(sm.n_expert_used);
+  std::printf("speculative verification: one eval of k+1 tokens at depth %d, mean of %d steps per k\n\n", o.depth, o.steps);
+  std::printf("| %2s | %9s | %8s | %13s | %13s | %9s | %9s | %11s | %11s |\n", "k", "step ms", "x plain", "experts/layer",
+              "(independent)", "GB read", "from NVMe", "roofline ms", "of roofline");
+  std::printf("|----|-----------|----------|---------------|---------------|-----------|-----------|-------------|-------------|\n");
+  for (const KCost& c : costs) {
+    // independent routing: each of n experts is missed by all k+1 tokens with (1 - used/n)^(k+1)
+    const double indep = n_exp > 0 ? n_exp * (1 - std::pow(1 - k_used / n_exp, c.k + 1)) : 0;
+    std::printf("| %2d | %9.2f | %8.2f | %13.1f | %13.1f | %9.3f | %9.3f | %11.2f | %11.2f |\n", c.k, 1e3 * c.seconds,
+                c.seconds / t0, c.experts / layers, indep, (dense_bytes + c.expert_bytes) / 1e9, c.nvme_bytes / 1e9,
+                1e3 * c.roofline, c.roofline / c.seconds);
+  }
+  std::printf("\nspeed-up over plain decoding by acceptance rate (per drafted token), best k on this curve:\n");
+  for (size_t i = 0; i < rates.size(); ++i)
+    std::printf("  acceptance %.1f: k = %d, %.2fx\n", rates[i], best[i].first, best[i].second);
+  if (!e2e.empty())
+    std::printf("\nend to end, %d tokens after a %d-token prompt, n-gram drafter with adaptive k <= %d:\n", o.gen_tokens,
+                std::max(1, o.depth), o.max_k);
+  for (const EndToEnd& e : e2e) {
+    std::printf("  temperature %.0f: plain %.2f tok/s, speculative %.2f tok/s (%.2fx); %d steps, %d drafted, %d accepted\n",
+                double(e.temp), e.plain_tps, e.spec_tps, e.spec_tps / e.plain_tps, e.spec.n_steps, e.spec.n_drafted,
+                e.spec.n_accepted);
+  }
+  return 0;
+}
+
+}  // namespace strata::cli
