@@ -81,17 +81,19 @@ void BM_matvec(benchmark::State& state, GgmlType type, CpuIsa isa, int64_t n_in,
   state.SetLabel(std::string(qt.name) + " " + std::string(cpu::isa_name(isa)));
 }
 
-void BM_matmul_backend(benchmark::State& state, GgmlType type, int64_t n_in, int64_t n_out) {
+// n_tok > 1: a few tokens at once (speculative verification): the weights are still read once,
+// so the bandwidth counters say how close the step stays to a one-token read.
+void BM_matmul_backend(benchmark::State& state, GgmlType type, int64_t n_in, int64_t n_out, int64_t n_tok) {
   int64_t count = 0;
   const RandomWeights& w = stack_of(type, n_in, n_out, true, &count);
   const cpu::CpuBackend backend(cpu::MatmulPath::quantized);
-  const std::vector<float> x = activations(n_in, 1);
-  std::vector<float> y(static_cast<size_t>(n_out));
+  const std::vector<float> x = activations(n_in * n_tok, 1);
+  std::vector<float> y(static_cast<size_t>(n_out * n_tok));
   const Weight stack = w.stack();
   int64_t next = 0;
   DramTracker dram(state);
   for (auto _ : state) {
-    backend.matmul(stack.slice(next++ % count), x.data(), 1, y.data());
+    backend.matmul(stack.slice(next++ % count), x.data(), n_tok, y.data());
     benchmark::DoNotOptimize(y.data());
     dram.tick();
   }
@@ -125,15 +127,23 @@ const int kRegistered = [] {
             ->MinTime(isa == CpuIsa::scalar ? 0.3 : 1.0);
       }
       const std::string name = "BM_matmul_backend/" + tname + "/" + s.name;
-      benchmark::RegisterBenchmark(name.c_str(), BM_matmul_backend, type, s.n_in, s.n_out)
+      benchmark::RegisterBenchmark(name.c_str(), BM_matmul_backend, type, s.n_in, s.n_out, int64_t(1))
           ->Unit(benchmark::kMicrosecond)
           ->UseRealTime()
           ->MinTime(1.0);
+      if (type != GgmlType::q4_k && type != GgmlType::q6_k && type != GgmlType::q8_0) continue;
+      for (int64_t n_tok : {2, 4, 9}) {
+        benchmark::RegisterBenchmark((name + "/tokens:" + std::to_string(n_tok)).c_str(), BM_matmul_backend, type,
+                                     s.n_in, s.n_out, n_tok)
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime()
+            ->MinTime(1.0);
+      }
     }
   }
   // a MoE router (qwen3-30b-a3b: 2048 -> 128 experts, f32): one small matrix per layer and token
   benchmark::RegisterBenchmark("BM_matmul_backend/f32/router_2048in_128out", BM_matmul_backend, GgmlType::f32,
-                               int64_t(2048), int64_t(128))
+                               int64_t(2048), int64_t(128), int64_t(1))
       ->Unit(benchmark::kMicrosecond)
       ->UseRealTime()
       ->MinTime(1.0);

@@ -25,7 +25,9 @@ struct KCost {
   double expert_bytes = 0;  // their weight bytes
   double nvme_bytes = 0;    // read from disk per step
   double dram_gbps = 0;     // probed around the steps
-  double roofline = 0;      // seconds
+  double int8_gops = 0;
+  double memory_s = 0, compute_s = 0, nvme_s = 0;  // the bounds: bytes / DRAM, ops / int8 peak, disk
+  double roofline = 0;      // the largest of them, seconds
 };
 
 // Expected tokens of a step with k drafts at per-token acceptance a.
@@ -39,7 +41,8 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
   const HParams& hp = m.hparams();
   ExpertStore* store = m.expert_store.get();
   cpu::ThreadPool& pool = cpu::compute_pool();
-  const int64_t ctx = int64_t(o.depth) + int64_t(o.max_k + 2) * (o.steps + 1) + 1;
+  // each step keeps one token: (max_k + 1) k values of steps + 1 steps, the last one k + 1 wide
+  const int64_t ctx = int64_t(o.depth) + int64_t(o.max_k + 1) * (o.steps + 1) + o.max_k + 1;
   const int64_t limit = context_limit(m, loaded.config);
   if (ctx > limit) {
     std::fprintf(stderr, "strata bench: --speculative needs a context of %lld (depth %d, %d steps per k), more than %lld\n",
@@ -113,7 +116,7 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
   for (int k = 0; k <= o.max_k; ++k) {
     KCost c;
     c.k = k;
-    const double gbps_before = cpu::measure_read_gbps(pool);
+    const double gbps_before = cpu::measure_read_gbps(pool), gops_before = cpu::measure_int8_peak_gops(pool);
     // one untimed step first (the expert cache and the scratch buffers settle)
     for (int step = -1; step < o.steps; ++step) {
       const int64_t pos = s.n_past();
@@ -136,9 +139,12 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
       if (store) c.nvme_bytes += double(store->stats().bytes_read - nvme0) / o.steps;
     }
     c.dram_gbps = 0.5 * (gbps_before + cpu::measure_read_gbps(pool));
-    const double bytes = dense_bytes + c.expert_bytes;
-    c.roofline = bytes / (c.dram_gbps * 1e9);
-    if (store && o.nvme_probe_gbps > 0) c.roofline = std::max(c.roofline, c.nvme_bytes / (o.nvme_probe_gbps * 1e9));
+    c.int8_gops = 0.5 * (gops_before + cpu::measure_int8_peak_gops(pool));
+    c.memory_s = (dense_bytes + c.expert_bytes) / (c.dram_gbps * 1e9);
+    // every token multiplies its own weights: 2 ops per weight per token (k + 1 tokens)
+    c.compute_s = 2.0 * double(sm.active_params_per_token) * (k + 1) / (c.int8_gops * 1e9);
+    if (store && o.nvme_probe_gbps > 0) c.nvme_s = c.nvme_bytes / (o.nvme_probe_gbps * 1e9);
+    c.roofline = std::max({c.memory_s, c.compute_s, c.nvme_s});
     costs.push_back(c);
   }
   const double t0 = costs[0].seconds;
@@ -162,7 +168,9 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
     for (const KCost& c : costs) {
       j["curve"].push_back({{"k", c.k}, {"step_s", c.seconds}, {"vs_plain", c.seconds / t0},
                             {"experts_per_layer", c.experts / layers}, {"bytes", dense_bytes + c.expert_bytes},
-                            {"nvme_bytes", c.nvme_bytes}, {"dram_gbps", c.dram_gbps}, {"roofline_s", c.roofline},
+                            {"nvme_bytes", c.nvme_bytes}, {"dram_gbps", c.dram_gbps}, {"int8_gops", c.int8_gops},
+                            {"memory_s", c.memory_s}, {"compute_s", c.compute_s}, {"nvme_s", c.nvme_s},
+                            {"roofline_s", c.roofline},
                             {"of_roofline", c.roofline / c.seconds}});
     }
     for (size_t i = 0; i < rates.size(); ++i)
@@ -175,16 +183,19 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
   }
   const double n_exp = double(sm.n_expert), k_used = double(sm.n_expert_used);
   std::printf("speculative verification: one eval of k+1 tokens at depth %d, mean of %d steps per k\n\n", o.depth, o.steps);
-  std::printf("| %2s | %9s | %8s | %13s | %13s | %9s | %9s | %11s | %11s |\n", "k", "step ms", "x plain", "experts/layer",
-              "(independent)", "GB read", "from NVMe", "roofline ms", "of roofline");
-  std::printf("|----|-----------|----------|---------------|---------------|-----------|-----------|-------------|-------------|\n");
+  std::printf("| %2s | %8s | %7s | %13s | %13s | %8s | %9s | %9s | %10s | %9s | %8s |\n", "k", "step ms", "x plain",
+              "experts/layer", "(independent)", "GB read", "from NVMe", "memory ms", "compute ms", "NVMe ms", "of bound");
+  std::printf("|----|----------|---------|---------------|---------------|----------|-----------|-----------|------------|-----------|----------|\n");
   for (const KCost& c : costs) {
     // independent routing: each of n experts is missed by all k+1 tokens with (1 - used/n)^(k+1)
     const double indep = n_exp > 0 ? n_exp * (1 - std::pow(1 - k_used / n_exp, c.k + 1)) : 0;
-    std::printf("| %2d | %9.2f | %8.2f | %13.1f | %13.1f | %9.3f | %9.3f | %11.2f | %11.2f |\n", c.k, 1e3 * c.seconds,
-                c.seconds / t0, c.experts / layers, indep, (dense_bytes + c.expert_bytes) / 1e9, c.nvme_bytes / 1e9,
-                1e3 * c.roofline, c.roofline / c.seconds);
+    std::printf("| %2d | %8.2f | %7.2f | %13.1f | %13.1f | %8.3f | %9.3f | %9.2f | %10.2f | %9.2f | %8.2f |\n", c.k,
+                1e3 * c.seconds, c.seconds / t0, c.experts / layers, indep, (dense_bytes + c.expert_bytes) / 1e9,
+                c.nvme_bytes / 1e9, 1e3 * c.memory_s, 1e3 * c.compute_s, 1e3 * c.nvme_s, c.roofline / c.seconds);
   }
+  std::printf("memory: the step's weight bytes (dense + the routed experts it computed) over the DRAM read rate; "
+              "compute: 2 ops per weight per token over the int8 peak; NVMe: bytes read from disk over the disk "
+              "probe; of bound: the largest of the three over the step's time\n");
   std::printf("\nspeed-up over plain decoding by acceptance rate (per drafted token), best k on this curve:\n");
   for (size_t i = 0; i < rates.size(); ++i)
     std::printf("  acceptance %.1f: k = %d, %.2fx\n", rates[i], best[i].first, best[i].second);

@@ -19,8 +19,8 @@ struct SpeculativeBenchOptions {
 // Times a verification step of k drafted tokens (one eval of k + 1 tokens, rewound to one kept
 // token so the context stays put) for k = 0 .. max_k; prints, per k, the step time against a
 // plain step, the routed experts the step computed (against independent routing's expectation),
-// its bytes and roofline (the bytes over the measured DRAM rate; from NVMe, the larger of that and
-// the experts read from disk over the disk's rate); then, per acceptance rate, the best k and the
+// its bytes and its bounds (the bytes over the measured DRAM rate, the multiply-adds over the
+// measured int8 peak, the experts read from disk over the disk's rate: the roofline is the largest); then, per acceptance rate, the best k and the
 // speed-up it gives; then generation end to end with the n-gram drafter against plain decoding,
 // greedy and at temperature 1. Routing is whatever the model's routing_override (--routing) makes it.
 int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o);

@@ -437,6 +437,75 @@ void gemv_q4K_interleaved(int64_t nsb, const uint8_t* group, const uint8_t* a, c
   _mm512_storeu_ps(y, acc);
 }
 
+// A few tokens (speculative verification, small batches) on interleaved Q4_K: the decode kernel's
+// loads and nibble splits shared by T tokens, each with its own sums; the scales are applied per
+// pair of sub-blocks so that 3 T accumulators stay in registers. The panel path unpacks tiles to
+// memory first, which cost as much as a second pass over the weights at 2-8 tokens.
+template <int T>
+void gemv_q4K_interleaved_tokens(int64_t nsb, const uint8_t* group, const uint8_t* a, size_t a_stride,
+                                 const int32_t* pairs, size_t pairs_stride, float* y, int64_t ldy) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m63 = _mm512_set1_epi8(63), m30 = _mm512_set1_epi8(0x30);
+  const __m512i byte0 = _mm512_set1_epi32(0xFF), words = _mm512_set1_epi32(0x00FF00FF);
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* blk = group + size_t(sb) * sizeof(block_q4_K) * kRows;
+    {
+      const char* pf = reinterpret_cast<const char*>(blk) + kPrefetchAhead;
+      for (int l = 0; l < 36; ++l) _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
+    }
+    const __m512i z0 = load64(blk), z1 = load64(blk + 64), z2 = load64(blk + 128), z3 = load64(blk + 192);
+    const __m512i sc_lo = _mm512_and_si512(z1, m63);  // bytes sc0 .. sc3 of each row
+    const __m512i sc_hi = _mm512_ternarylogic_epi32(_mm512_and_si512(z3, m4), _mm512_srli_epi32(z1, 2), m30, 0xF8);
+    const uint8_t* aq[T];
+    for (int t = 0; t < T; ++t) aq[t] = a + size_t(t) * a_stride + size_t(sb) * sizeof(block_q8_K) + kQ8KQs;
+    __m512i sumi[T];
+    for (int t = 0; t < T; ++t) sumi[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int h = 0; h < 4; ++h) {
+      __m512i lo_acc[T], hi_acc[T];
+      for (int t = 0; t < T; ++t) lo_acc[t] = hi_acc[t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int m = 0; m < 8; ++m) {
+        const __m512i q = load64(blk + 64 * (4 + 8 * h + m));
+        const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        for (int t = 0; t < T; ++t) {
+          lo_acc[t] = _mm512_dpbusd_epi32(lo_acc[t], lo, bcast4(aq[t] + 64 * h + 4 * m));
+          hi_acc[t] = _mm512_dpbusd_epi32(hi_acc[t], hi, bcast4(aq[t] + 64 * h + 32 + 4 * m));
+        }
+      }
+      // the scales of sub-blocks 2h and 2h + 1: bytes 2h % 4 and 2h % 4 + 1 of sc_lo (h < 2) or sc_hi
+      const __m512i src = h < 2 ? sc_lo : sc_hi;
+      const unsigned shift = 16 * unsigned(h % 2);
+      const __m512i sc_a = _mm512_and_si512(_mm512_srli_epi32(src, shift), byte0);
+      const __m512i sc_b = _mm512_and_si512(_mm512_srli_epi32(src, shift + 8), byte0);
+      for (int t = 0; t < T; ++t)
+        sumi[t] = _mm512_add_epi32(sumi[t], _mm512_add_epi32(_mm512_mullo_epi32(lo_acc[t], sc_a),
+                                                             _mm512_mullo_epi32(hi_acc[t], sc_b)));
+    }
+    const __m512i mn_lo = _mm512_and_si512(z2, m63);
+    const __m512i mn_hi = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi32(z3, 4), m4),
+                                                    _mm512_srli_epi32(z2, 2), m30, 0xF8);
+    const __m512i mn[4] = {_mm512_and_si512(mn_lo, words), _mm512_and_si512(_mm512_srli_epi32(mn_lo, 8), words),
+                           _mm512_and_si512(mn_hi, words), _mm512_and_si512(_mm512_srli_epi32(mn_hi, 8), words)};
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(z0));
+    const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(z0, 16)));
+    for (int t = 0; t < T; ++t) {
+      const int32_t* p = pairs + size_t(t) * pairs_stride + 4 * size_t(sb);
+      __m512i mins = _mm512_setzero_si512();
+      for (int k = 0; k < 4; ++k) mins = _mm512_dpwssd_epi32(mins, mn[k], _mm512_set1_epi32(p[k]));
+      const __m512 v = _mm512_fmsub_ps(_mm512_cvtepi32_ps(sumi[t]), d, _mm512_mul_ps(_mm512_cvtepi32_ps(mins), dmin));
+      float da;
+      std::memcpy(&da, aq[t] - kQ8KQs + offsetof(block_q8_K, d), 4);
+      acc[t] = _mm512_fmadd_ps(v, _mm512_set1_ps(da), acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + t * ldy, acc[t]);
+}
+
+// Up to this many tokens, interleaved Q4_K takes the fused kernels (in blocks of 4 tokens).
+constexpr int64_t kFusedMaxTokens = 8;
+
 // Tiles of Q4_K / Q5_K over 16 rows at a time from `Rows` (FileRows, or Interleaved: w the start
 // of a group, n_rows a multiple of 16). One token on interleaved Q4_K goes to the fused decode
 // kernel; otherwise panels of super-blocks are unpacked and shared by blocks of up to 8 tokens.
@@ -452,6 +521,20 @@ void gemm_q45K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const 
     if constexpr (std::is_same_v<Rows, Interleaved> && !kFifthBit) {
       if (n_tok == 1) {
         gemv_q4K_interleaved(nsb, rows.group, ab, pairs.data(), y + r0);
+        continue;
+      }
+      if (n_tok <= kFusedMaxTokens) {
+        for (int64_t t0 = 0; t0 < n_tok; t0 += 4) {
+          const uint8_t* at = ab + size_t(t0) * a_stride;
+          const int32_t* pt = pairs.data() + size_t(t0 * nsb) * 4;
+          float* yt = y + t0 * ldy + r0;
+          switch (std::min<int64_t>(4, n_tok - t0)) {
+            case 4: gemv_q4K_interleaved_tokens<4>(nsb, rows.group, at, a_stride, pt, size_t(nsb) * 4, yt, ldy); break;
+            case 3: gemv_q4K_interleaved_tokens<3>(nsb, rows.group, at, a_stride, pt, size_t(nsb) * 4, yt, ldy); break;
+            case 2: gemv_q4K_interleaved_tokens<2>(nsb, rows.group, at, a_stride, pt, size_t(nsb) * 4, yt, ldy); break;
+            default: gemv_q4K_interleaved(nsb, rows.group, at, pt, yt); break;
+          }
+        }
         continue;
       }
     }
