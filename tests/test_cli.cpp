@@ -69,7 +69,9 @@ TEST(Cli, BenchSpeculativeCostCurve) {
   EXPECT_LE(j["curve"][1]["experts_per_layer"].get<double>(), 8.0);
   EXPECT_GT(j["curve"][1]["roofline_s"].get<double>(), 0.0);
   EXPECT_EQ(j["speedup"].size(), 6u);
-  EXPECT_EQ(j["end_to_end"].size(), 2u);
+  ASSERT_EQ(j["end_to_end"].size(), 7u);
+  EXPECT_EQ(j["end_to_end"][0]["run"], "greedy, plain");
+  EXPECT_EQ(j["end_to_end"][0]["drafted"], 0);
 }
 
 TEST(Cli, MissingModelIsAOneLineError) {

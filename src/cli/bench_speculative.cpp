@@ -65,13 +65,15 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
   // the routed bytes one token reads, and so the rest (dense, shared, attention, head)
   const double routed_per_token = sm.n_expert ? double(sm.expert_bytes_total) * double(sm.n_expert_used) / double(sm.n_expert) : 0;
   const double dense_bytes = double(sm.active_bytes_per_token) - routed_per_token;
-  // end to end: decoding with the n-gram drafter (adaptive k) against plain decoding, greedy (a
-  // random-weight model falls into loops the drafter predicts) and at temperature 1 (drafts rarely
-  // accepted: the controller must turn drafting down)
+  // end to end: generation with adaptive k against plain decoding. Greedy: the n-gram drafter
+  // (a random-weight model may fall into loops it predicts), and drafts that are the plain run's
+  // own next tokens with probability a, else wrong (an acceptance rate set on purpose, which a
+  // random-weight model cannot give a real drafter); at temperature 1, the n-gram drafter again
+  // (drafts rarely accepted: the controller must turn drafting down).
   struct EndToEnd {
-    float temp = 0;
-    double plain_tps = 0, spec_tps = 0;
-    GenerateResult spec;
+    std::string what;
+    double tps = 0, vs_plain = 1;
+    GenerateResult r;
   };
   std::vector<EndToEnd> e2e;
   if (o.gen_tokens > 0) {
@@ -81,35 +83,53 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
       return 1;
     }
     const std::vector<int32_t> prompt = random_tokens(std::max(1, o.depth));
-    {  // warm-up: the first generation pays for page faults and scratch buffers
-      Session gs(m, int(prompt.size()) + 9, cpu::MatmulPath::quantized, loaded.config.kv_type);
-      Sampler sampler({});
+    std::vector<TokenId> reference;  // the greedy plain run's tokens, prompt included
+    auto run = [&](const std::string& what, float temp, Drafter* d, int n) -> Status {
+      Session gs(m, int(prompt.size()) + n + 1, cpu::MatmulPath::quantized, loaded.config.kv_type);
+      Sampler sampler({.temperature = temp, .top_k = 40, .top_p = 1.0f, .min_p = 0.0f, .seed = 5});
       std::vector<TokenId> history;
-      if (auto r = generate(gs, *tok, sampler, prompt, history, {.n_predict = 8, .ignore_eos = true}, [](std::string_view) {}); !r) {
-        std::fprintf(stderr, "strata bench: %s\n", r.error().message.c_str());
-        return 1;
-      }
-    }
-    for (float temp : {0.0f, 1.0f}) {
-      EndToEnd e;
-      e.temp = temp;
-      for (bool spec : {false, true}) {
-        Session gs(m, int(prompt.size()) + o.gen_tokens + 1, cpu::MatmulPath::quantized, loaded.config.kv_type);
-        Sampler sampler({.temperature = temp, .top_k = 40, .top_p = 1.0f, .min_p = 0.0f, .seed = 5});
-        NgramDrafter ngram;
-        std::vector<TokenId> history;
-        GenerateOptions go{.n_predict = o.gen_tokens, .ignore_eos = true, .drafter = spec ? &ngram : nullptr,
-                           .max_draft = o.max_k};
-        auto r = generate(gs, *tok, sampler, prompt, history, go, [](std::string_view) {});
-        if (!r) {
-          std::fprintf(stderr, "strata bench: %s\n", r.error().message.c_str());
-          return 1;
-        }
-        const double tps = (r->n_generated - 1) / r->decode_seconds;
-        (spec ? e.spec_tps : e.plain_tps) = tps;
-        if (spec) e.spec = *r;
-      }
+      GenerateOptions go{.n_predict = n, .ignore_eos = true, .drafter = d, .max_draft = o.max_k};
+      auto r = generate(gs, *tok, sampler, prompt, history, go, [](std::string_view) {});
+      if (!r) return r.error();
+      if (what.empty()) return {};  // warm-up
+      EndToEnd e{what, (r->n_generated - 1) / r->decode_seconds, 1, *r};
+      if (d == nullptr && temp == 0) reference = history;
+      for (const EndToEnd& p : e2e)  // against "<same sampling>, plain"
+        if (p.what == what.substr(0, what.find(',')) + ", plain") e.vs_plain = e.tps / p.tps;
       e2e.push_back(e);
+      return {};
+    };
+    // a drafter that proposes the reference's next tokens, each right with probability a
+    class Oracle final : public Drafter {
+     public:
+      Oracle(const std::vector<TokenId>& ref, double a, int vocab) : ref_(ref), a_(a), vocab_(vocab) {}
+      std::string name() const override { return "oracle"; }
+      std::vector<TokenId> draft(std::span<const TokenId> history, int k) override {
+        std::vector<TokenId> d;
+        for (size_t i = history.size(); i < ref_.size() && int(d.size()) < k; ++i)
+          d.push_back(std::uniform_real_distribution<double>(0, 1)(rng_) < a_ ? ref_[i] : (ref_[i] + 1) % vocab_);
+        return d;
+      }
+
+     private:
+      const std::vector<TokenId>& ref_;
+      double a_;
+      int vocab_;
+      std::mt19937 rng_{17};
+    };
+    Status st = run("", 0, nullptr, 8);  // warm-up: page faults and scratch buffers
+    NgramDrafter ngram;
+    if (st) st = run("greedy, plain", 0, nullptr, o.gen_tokens);
+    if (st) st = run("greedy, n-gram drafts", 0, &ngram, o.gen_tokens);
+    for (double a : {0.5, 0.7, 0.9}) {
+      Oracle oracle(reference, a, hp.n_vocab);
+      if (st) st = run(strfmt("greedy, drafts right with p %.1f", a), 0, &oracle, o.gen_tokens);
+    }
+    if (st) st = run("temperature 1, plain", 1, nullptr, o.gen_tokens);
+    if (st) st = run("temperature 1, n-gram drafts", 1, &ngram, o.gen_tokens);
+    if (!st) {
+      std::fprintf(stderr, "strata bench: %s\n", st.error().message.c_str());
+      return 1;
     }
   }
   std::vector<KCost> costs;
@@ -176,8 +196,8 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
     for (size_t i = 0; i < rates.size(); ++i)
       j["speedup"].push_back({{"acceptance", rates[i]}, {"best_k", best[i].first}, {"speedup", best[i].second}});
     for (const EndToEnd& e : e2e)
-      j["end_to_end"].push_back({{"temperature", e.temp}, {"plain_tps", e.plain_tps}, {"ngram_tps", e.spec_tps},
-                                 {"steps", e.spec.n_steps}, {"drafted", e.spec.n_drafted}, {"accepted", e.spec.n_accepted}});
+      j["end_to_end"].push_back({{"run", e.what}, {"tps", e.tps}, {"vs_plain", e.vs_plain}, {"steps", e.r.n_steps},
+                                 {"drafted", e.r.n_drafted}, {"accepted", e.r.n_accepted}});
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -200,12 +220,11 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
   for (size_t i = 0; i < rates.size(); ++i)
     std::printf("  acceptance %.1f: k = %d, %.2fx\n", rates[i], best[i].first, best[i].second);
   if (!e2e.empty())
-    std::printf("\nend to end, %d tokens after a %d-token prompt, n-gram drafter with adaptive k <= %d:\n", o.gen_tokens,
-                std::max(1, o.depth), o.max_k);
+    std::printf("\nend to end, %d tokens after a %d-token prompt, adaptive k <= %d:\n", o.gen_tokens, std::max(1, o.depth),
+                o.max_k);
   for (const EndToEnd& e : e2e) {
-    std::printf("  temperature %.0f: plain %.2f tok/s, speculative %.2f tok/s (%.2fx); %d steps, %d drafted, %d accepted\n",
-                double(e.temp), e.plain_tps, e.spec_tps, e.spec_tps / e.plain_tps, e.spec.n_steps, e.spec.n_drafted,
-                e.spec.n_accepted);
+    std::printf("  %-34s %7.2f tok/s  %5.2fx  %4d steps, %4d drafted, %4d accepted\n", e.what.c_str(), e.tps,
+                e.vs_plain, e.r.n_steps, e.r.n_drafted, e.r.n_accepted);
   }
   return 0;
 }

@@ -11,7 +11,7 @@ struct SpeculativeBenchOptions {
   int depth = 64;     // tokens of context before the steps
   int steps = 16;     // steps timed per k
   int max_k = 8;      // drafted tokens: 0 (a plain decode step) .. max_k
-  int gen_tokens = 64;  // end to end: tokens generated plain and with the n-gram drafter (0: skip)
+  int gen_tokens = 128;  // end to end: tokens generated plain and with the n-gram drafter (0: skip)
   bool json = false;
   double nvme_probe_gbps = 0;  // the disk's measured rate (streamed experts), 0: all in RAM
 };

@@ -40,7 +40,7 @@ struct BenchOptions {
   std::string routing = "model";
   bool speculative = false;
   int draft_max = 8;
-  int spec_gen = 64;
+  int spec_gen = 128;
 };
 
 struct Test {
@@ -324,7 +324,7 @@ Runner add_bench_command(CLI::App& app) {
                 "speculative decoding's cost curve instead of the tests: a verification step of k = 0 .. "
                 "--draft-max drafted tokens against a plain step and its roofline (-n: steps per k, default 16; "
                 "-d: depth, default 64), and the speed-up by acceptance rate");
-  sub->add_option("--spec-gen", o->spec_gen, "--speculative: tokens generated end to end, plain and drafted (default 64, 0: skip)")
+  sub->add_option("--spec-gen", o->spec_gen, "--speculative: tokens generated end to end, plain and drafted (default 128, 0: skip)")
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--draft-max", o->draft_max, "--speculative: the largest k (default 8)")->check(CLI::Range(1, 32));
   return [o] { return run_bench(*o); };

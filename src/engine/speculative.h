@@ -66,7 +66,7 @@ class DraftController {
   double step_seconds(int k) const;
   int max_k_;
   bool adaptive_;
-  double accepted_ = 1, tried_ = 2;       // decayed counts; the prior is a = 0.5
+  double accepted_ = 0.5, tried_ = 1;     // decayed counts; the prior is a = 0.5, worth one try
   std::vector<double> seconds_;           // [k] decayed mean step time, 0: not measured
   int plain_steps_ = 0, probe_every_ = 16;
 };

@@ -503,8 +503,9 @@ void gemv_q4K_interleaved_tokens(int64_t nsb, const uint8_t* group, const uint8_
   for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + t * ldy, acc[t]);
 }
 
-// Up to this many tokens, interleaved Q4_K takes the fused kernels (in blocks of 4 tokens).
-constexpr int64_t kFusedMaxTokens = 8;
+// Up to this many tokens, interleaved Q4_K and Q6_K take the fused kernels (in blocks of 4 and 3
+// tokens); above it, the panels.
+constexpr int64_t kFusedMaxTokens = 12;
 
 // Tiles of Q4_K / Q5_K over 16 rows at a time from `Rows` (FileRows, or Interleaved: w the start
 // of a group, n_rows a multiple of 16). One token on interleaved Q4_K goes to the fused decode
@@ -738,6 +739,72 @@ void gemv_q6K_interleaved(const Q6Interleaved& src, const uint8_t* a, float* y) 
   _mm512_storeu_ps(y, acc);
 }
 
+// A few tokens on interleaved Q6_K (as gemv_q4K_interleaved_tokens for Q4_K): the loads and the
+// six-bit assembly shared by T tokens. Each half of a 128-element chunk touches four sub-blocks
+// (8n + j, + 2, + 4, + 6 for half j), whose sums are scaled into the token's total after it, so
+// 5 T accumulators stay in registers.
+template <int T>
+void gemv_q6K_interleaved_tokens(const Q6Interleaved& src, const uint8_t* a, size_t a_stride, float* y, int64_t ldy) {
+  const int64_t nsb = src.nsb;
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* dw = src.dwords(sb);
+    {
+      const char* pf = reinterpret_cast<const char*>(src.group + size_t(sb) * sizeof(block_q6_K) * kRows) + kPrefetchAhead;
+#pragma GCC unroll 2
+      for (size_t l = 0; l < sizeof(block_q6_K) * kRows; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+    }
+    const uint8_t* ab[T];
+    for (int t = 0; t < T; ++t) ab[t] = a + size_t(t) * a_stride + size_t(sb) * sizeof(block_q8_K);
+    __m512i sumi[T];
+    for (int t = 0; t < T; ++t) sumi[t] = _mm512_setzero_si512();
+    for (int n = 0; n < 2; ++n) {
+      const __m512i z0 = load64(dw + 64 * (48 + 2 * n)), z1 = load64(dw + 64 * (49 + 2 * n));
+#pragma GCC unroll 2
+      for (int j = 0; j < 2; ++j) {
+        // s[t][i]: sub-block 8n + 2i + j of token t, started at -32 times its activation sum
+        __m512i s[T][4];
+        for (int t = 0; t < T; ++t) {
+          int16_t bs[16];
+          std::memcpy(bs, ab[t] + kQ8KBsums, sizeof bs);
+          for (int i = 0; i < 4; ++i) s[t][i] = _mm512_set1_epi32(-32 * int32_t(bs[8 * n + 2 * i + j]));
+        }
+#pragma GCC unroll 4
+        for (int m = 4 * j; m < 4 * j + 4; ++m) {
+          const __m512i qa = load64(dw + 64 * (16 * n + m)), qb = load64(dw + 64 * (16 * n + 8 + m));
+          const __m512i h = load64(dw + 64 * (32 + 8 * n + m));
+          const __m512i q0 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_slli_epi16(h, 4), m30), m4, qa, 0xB8);
+          const __m512i q1 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_slli_epi16(h, 2), m30), m4, qb, 0xB8);
+          const __m512i q2 = _mm512_ternarylogic_epi32(_mm512_and_si512(h, m30), m4, _mm512_srli_epi16(qa, 4), 0xB8);
+          const __m512i q3 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(h, 2), m30), m4,
+                                                       _mm512_srli_epi16(qb, 4), 0xB8);
+          for (int t = 0; t < T; ++t) {
+            const uint8_t* x = ab[t] + kQ8KQs + 128 * n + 4 * m;
+            s[t][0] = _mm512_dpbusd_epi32(s[t][0], q0, bcast4(x));
+            s[t][1] = _mm512_dpbusd_epi32(s[t][1], q1, bcast4(x + 32));
+            s[t][2] = _mm512_dpbusd_epi32(s[t][2], q2, bcast4(x + 64));
+            s[t][3] = _mm512_dpbusd_epi32(s[t][3], q3, bcast4(x + 96));
+          }
+        }
+        for (int i = 0; i < 4; ++i) {
+          const int k = 2 * i + j;  // sub-block 8n + k: byte k % 4 of scale dword z0 (k < 4) or z1
+          const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(k < 4 ? z0 : z1, 24 - 8 * (k % 4)), 24);
+          for (int t = 0; t < T; ++t) sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(s[t][i], sc));
+        }
+      }
+    }
+    const __m512 d = src.d(sb);
+    for (int t = 0; t < T; ++t) {
+      float da;
+      std::memcpy(&da, ab[t] + offsetof(block_q8_K, d), 4);
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sumi[t]), d), _mm512_set1_ps(da), acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + t * ldy, acc[t]);
+}
+
 // Tiles of Q6_K over 16 rows at a time from `Rows` (Q6FileRows, or Q6Interleaved: w the start of
 // a group, n_rows a multiple of 16, and one token to the fused decode kernel above).
 template <class Rows>
@@ -750,6 +817,18 @@ void gemm_q6K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const v
     if constexpr (std::is_same_v<Rows, Q6Interleaved>) {
       if (n_tok == 1) {
         gemv_q6K_interleaved(rows, ab, y + r0);
+        continue;
+      }
+      if (n_tok <= kFusedMaxTokens) {
+        for (int64_t t0 = 0; t0 < n_tok; t0 += 3) {
+          const uint8_t* at = ab + size_t(t0) * a_stride;
+          float* yt = y + t0 * ldy + r0;
+          switch (std::min<int64_t>(3, n_tok - t0)) {
+            case 3: gemv_q6K_interleaved_tokens<3>(rows, at, a_stride, yt, ldy); break;
+            case 2: gemv_q6K_interleaved_tokens<2>(rows, at, a_stride, yt, ldy); break;
+            default: gemv_q6K_interleaved(rows, at, yt); break;
+          }
+        }
         continue;
       }
     }
