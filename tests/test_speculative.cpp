@@ -8,6 +8,7 @@
 #include <cmath>
 #include <random>
 
+#include "cpu/kernels.h"
 #include "engine/generate.h"
 #include "engine/speculative.h"
 #include "model/synth.h"
@@ -186,6 +187,33 @@ TEST_P(SpeculativeArch, RewindForgetsRejectedTokensExactly) {
   // the exact path: batch and one-at-a-time evaluation agree to float rounding (1e-4 of logits of
   // order 1-10); a kept rejected row, or a ring slot not restored, moves them by far more
   EXPECT_LT(worst, 1e-4f) << GetParam();
+}
+
+// The quantized path as users run it (F16 KV cache for GQA): a verification-size batch (2 .. 12
+// tokens) gives logits bit-identical to evaluating its tokens one at a time, so that greedy output
+// with drafts is exactly plain decoding's even where two logits are within rounding of each other
+// (a random-weight Qwen3-30B-A3B shape hit such near-ties within 33 tokens before the kernels were
+// made so; cpu::kBatchInvariantTokens).
+TEST_P(SpeculativeArch, VerificationBatchesAreBitIdenticalToOneTokenSteps) {
+  std::vector<uint8_t> bytes;
+  auto m = synth_model(GetParam(), bytes);
+  ASSERT_TRUE(m);
+  const int V = m->hparams().n_vocab;
+  const std::vector<int32_t> toks = some_ids(40, 9, V);
+  for (int nb : {2, 5, 8, int(std::min<int64_t>(12, cpu::kBatchInvariantTokens))}) {
+    Session batch(*m, 64), one(*m, 64);
+    const int n = std::min(nb, batch.max_speculation());
+    ASSERT_TRUE(batch.eval(std::span<const int32_t>(toks.data(), 20)));
+    ASSERT_TRUE(one.eval(std::span<const int32_t>(toks.data(), 20)));
+    auto rows = batch.eval(std::span<const int32_t>(toks.data() + 20, size_t(n)), true);
+    ASSERT_TRUE(rows);
+    for (int i = 0; i < n; ++i) {
+      auto want = one.eval(std::span<const int32_t>(&toks[size_t(20 + i)], 1));
+      ASSERT_TRUE(want);
+      EXPECT_EQ(max_abs_diff(std::span<const float>(rows->data() + size_t(i) * size_t(V), size_t(V)), *want), 0.0f)
+          << GetParam() << ": batch of " << n << ", token " << i;
+    }
+  }
 }
 
 // A drafter that knows the plain run's output and spoils every third token: both acceptance and

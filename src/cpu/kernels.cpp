@@ -90,8 +90,10 @@ void KernelTable::gemm_tile(GgmlType weight, int64_t n, const void* w, size_t w_
                             int64_t n_rows, const void* a, size_t a_stride, int64_t n_tok, float* y,
                             int64_t ldy) const {
   // one activation row (decode): the matrix-vector kernel streams the weights; a tile kernel's
-  // unpacking pays off only when it serves several rows
-  if (const GemmFn g = gemm[size_t(weight)]; g != nullptr && n_tok > 1)
+  // unpacking pays off only when it serves several rows. Up to kBatchInvariantTokens rows (a
+  // speculative verification) the vec_dot per token too (the row stays in L1), so that each
+  // token's result is bit-identical to one-token decoding.
+  if (const GemmFn g = gemm[size_t(weight)]; g != nullptr && n_tok > kBatchInvariantTokens)
     return g(n, w, w_stride, n_rows, a, a_stride, n_tok, y, ldy);
   const VecDotFn dot = vec_dot[size_t(weight)];
   STRATA_CHECK(dot != nullptr, "weight type without vec_dot (loader must reject)");

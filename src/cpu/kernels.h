@@ -34,6 +34,12 @@ enum class CpuIsa { scalar, avx2, avx512 };
 
 inline constexpr size_t kKernelTypeCount = 40;  // ggml type ids 0..39 (mxfp4 = 39)
 
+// Batches of up to this many tokens (a speculative verification step) are computed so that every
+// token's result is bit-identical to evaluating it alone: the matmul kernels run each token's sums
+// in the one-token order, and attention runs per token (model/blocks.cpp). Greedy decoding with
+// drafts then gives exactly the tokens of plain decoding.
+inline constexpr int64_t kBatchInvariantTokens = 12;
+
 // A tile of a matrix product: y[t * ldy + r] = dot(weight row r, activation row t) for r < n_rows,
 // t < n_tok. w: n_rows weight rows of w_stride bytes, each n elements in the weight type; a: n_tok
 // activation rows of a_stride bytes in the weight type's vec_dot_type (floats when that is f32).

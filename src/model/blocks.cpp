@@ -483,7 +483,11 @@ void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const fl
   // the kv head, for every token of the block: rows (token, head in group). Two float GEMMs:
   // scores = Q K^T over the keys any of its tokens sees, then out = softmax(scores) V; keys a row
   // must not see (the future, or outside its window) are masked before the softmax.
-  constexpr int64_t kTokBlock = 16;
+  // Up to kTokBlock tokens per task; one when the batch is a speculative verification's size, so
+  // that each token's scores and sums run exactly as in one-token decoding (same key range, same
+  // GEMM shapes: the batch's logits are bit-identical, and greedy output with drafts is that of
+  // plain decoding).
+  const int64_t kTokBlock = n_tok <= cpu::kBatchInvariantTokens ? 1 : 16;
   const int64_t n_blocks = (n_tok + kTokBlock - 1) / kTokBlock;
   const cpu::SgemmFn sgemm = cpu::cpu_kernels().sgemm;
   const cpu::HalfToFloatFn half_to_float = cpu::cpu_kernels().half_to_float;

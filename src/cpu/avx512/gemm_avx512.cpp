@@ -503,9 +503,12 @@ void gemv_q4K_interleaved_tokens(int64_t nsb, const uint8_t* group, const uint8_
   for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + t * ldy, acc[t]);
 }
 
-// Up to this many tokens, interleaved Q4_K and Q6_K take the fused kernels (in blocks of 4 and 3
-// tokens); above it, the panels.
-constexpr int64_t kFusedMaxTokens = 12;
+// Up to this many tokens (a speculative verification step), every kernel computes each token
+// exactly as it computes one token alone, so that a batch's results are bit-identical to one-token
+// decoding: interleaved Q4_K and Q6_K take the fused kernels (blocks of 4 and 3 tokens, integer
+// sums exact), the 32-element formats their decode kernel per token, floats blocks of 2 tokens.
+// Above it, the panels.
+constexpr int64_t kFusedMaxTokens = kBatchInvariantTokens;
 
 // Tiles of Q4_K / Q5_K over 16 rows at a time from `Rows` (FileRows, or Interleaved: w the start
 // of a group, n_rows a multiple of 16). One token on interleaved Q4_K goes to the fused decode
@@ -1027,7 +1030,12 @@ void gemm_32(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const vo
   const size_t unit_bytes = kRows * (w_stride / size_t(nb)) * kUnitBlocks;  // in an interleaved stream
   for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
     const Rows rows(w, w_stride, r0, n_rows, nb);
-    if (n_tok == 1 && rows.gemv(ab, tbs.data(), y + r0)) continue;
+    // up to kFusedMaxTokens tokens, each on the decode kernel where the rows have one (the group
+    // stays in cache): every token's sums run in the one-token order
+    if (n_tok <= kFusedMaxTokens && rows.gemv(ab, tbs.data(), y + r0)) {
+      for (int64_t t = 1; t < n_tok; ++t) rows.gemv(ab + size_t(t) * a_stride, tbs.data() + size_t(t * nb), y + t * ldy + r0);
+      continue;
+    }
     group_panels<Tile32>(
         n_units, n_tok, rows.stream(), unit_bytes,
         [&](int64_t u, Tile32& tile) {
@@ -1287,6 +1295,15 @@ void gemm_float_interleaved(int64_t n, const void* w, size_t w_stride, int64_t n
   const auto* ab = static_cast<const uint8_t*>(a);
   for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
     const uint8_t* group = static_cast<const uint8_t*>(w) + size_t(r0) * w_stride;
+    if (n_tok <= kFusedMaxTokens) {
+      // blocks of at most 2 tokens: their accumulator sets are the one-token kernel's, so each
+      // token's sum runs in the one-token order
+      int64_t t0 = 0;
+      for (; t0 + 2 <= n_tok; t0 += 2)
+        float_interleaved_tokens<W, 2>(n, group, ab + size_t(t0) * a_stride, a_stride, y + t0 * ldy + r0, ldy);
+      if (t0 < n_tok) float_interleaved_tokens<W, 1>(n, group, ab + size_t(t0) * a_stride, a_stride, y + t0 * ldy + r0, ldy);
+      continue;
+    }
     for_token_blocks(n_tok, [&](auto T, int64_t t0) {
       float_interleaved_tokens<W, decltype(T)::value>(n, group, ab + size_t(t0) * a_stride, a_stride,
                                                        y + t0 * ldy + r0, ldy);
