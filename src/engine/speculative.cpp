@@ -34,6 +34,7 @@ constexpr double kDecay = 0.95;       // per step with drafts: about the last 20
 constexpr double kTimeWeight = 0.2;   // a new step time's weight in its k's mean
 constexpr double kPriorSlope = 0.3;   // a drafted token's cost in plain steps, before measuring
 constexpr int kProbeMax = 256;
+constexpr double kMargin = 0.03;      // expected speed-up drafting must promise
 
 // Expected tokens a step with k drafts produces: the accepted run plus the token after it.
 double tokens_per_step(double a, int k) {
@@ -68,8 +69,10 @@ int DraftController::choose(int room) {
   if (most <= 0) return 0;
   if (!adaptive_) return most;
   if (seconds_[0] <= 0) return 0;  // a plain step first: the yardstick
+  // drafting must promise kMargin over plain decoding: near the break-even the estimates' noise
+  // would otherwise make it lose as often as it wins
   int best = 0;
-  double best_rate = 1.0;
+  double best_rate = 1.0 + kMargin;
   for (int k = 1; k <= most; ++k) {
     const double rate = expected_speedup(k);
     if (rate > best_rate) best_rate = rate, best = k;
