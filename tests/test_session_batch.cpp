@@ -7,22 +7,10 @@
 
 #include "engine/session.h"
 #include "model/synth.h"
+#include "test_support.h"
 
 namespace strata {
 namespace {
-
-std::unique_ptr<Model> tiny(const char* name, std::vector<uint8_t>& bytes) {
-  const SynthShape* shape = find_synth_shape(name);
-  EXPECT_NE(shape, nullptr);
-  auto plan = build_synth_plan(*shape, SynthQuant::q8_0, {});
-  EXPECT_TRUE(plan.ok());
-  bytes = plan->write_memory();
-  auto file = GgufFile::parse(bytes, name);
-  EXPECT_TRUE(file.ok());
-  auto model = Model::load(std::move(*file));
-  EXPECT_TRUE(model.ok()) << model.error().message;
-  return std::move(*model);
-}
 
 std::vector<int32_t> ids(int n, int seed) {
   std::vector<int32_t> v;
@@ -34,7 +22,7 @@ class BatchedSessions : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(BatchedSessions, EachSequenceAsIfAlone) {
   std::vector<uint8_t> bytes;
-  auto m = tiny(GetParam(), bytes);
+  auto m = test::synth_q8_model(GetParam(), bytes);
   ASSERT_TRUE(m);
   const int V = m->hparams().n_vocab;
   // three sequences with different histories: 9, 4 and 17 tokens
@@ -73,7 +61,7 @@ TEST_P(BatchedSessions, EachSequenceAsIfAlone) {
 
 TEST_P(BatchedSessions, ErrorsAdvanceNothing) {
   std::vector<uint8_t> bytes;
-  auto m = tiny(GetParam(), bytes);
+  auto m = test::synth_q8_model(GetParam(), bytes);
   ASSERT_TRUE(m);
   Session a(*m, 8), b(*m, 8);
   std::vector<Session*> sessions = {&a, &b};
@@ -95,7 +83,7 @@ TEST_P(BatchedSessions, ErrorsAdvanceNothing) {
 // MLA caches (deepseek2) stay float: identical.
 TEST_P(BatchedSessions, HalfCacheCloseToFloat) {
   std::vector<uint8_t> bytes;
-  auto m = tiny(GetParam(), bytes);
+  auto m = test::synth_q8_model(GetParam(), bytes);
   ASSERT_TRUE(m);
   Session f16(*m, 64, cpu::MatmulPath::quantized, KvType::f16), f32(*m, 64, cpu::MatmulPath::quantized, KvType::f32);
   const bool mla = m->hparams().arch == Arch::deepseek2;

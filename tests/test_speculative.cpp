@@ -117,19 +117,6 @@ TEST(SpeculativeSampling, VerifyKeepsTheTargetDistribution) {
   EXPECT_FALSE(ok);
 }
 
-std::unique_ptr<Model> synth_model(const char* name, std::vector<uint8_t>& bytes) {
-  const SynthShape* shape = find_synth_shape(name);
-  EXPECT_NE(shape, nullptr);
-  auto plan = build_synth_plan(*shape, SynthQuant::q8_0, {});
-  EXPECT_TRUE(plan.ok());
-  bytes = plan->write_memory();
-  auto file = GgufFile::parse(bytes, name);
-  EXPECT_TRUE(file.ok());
-  auto model = Model::load(std::move(*file));
-  EXPECT_TRUE(model.ok()) << model.error().message;
-  return std::move(*model);
-}
-
 std::vector<int32_t> some_ids(int n, int seed, int vocab) {
   std::mt19937 rng(static_cast<uint32_t>(seed));
   std::vector<int32_t> v(static_cast<size_t>(n));
@@ -151,7 +138,7 @@ class SpeculativeArch : public ::testing::TestWithParam<const char*> {};
 // inside rejected drafts, and rewinds to every offset of a block.
 TEST_P(SpeculativeArch, RewindForgetsRejectedTokensExactly) {
   std::vector<uint8_t> bytes;
-  auto m = synth_model(GetParam(), bytes);
+  auto m = test::synth_q8_model(GetParam(), bytes);
   ASSERT_TRUE(m);
   const int V = m->hparams().n_vocab;
   const std::vector<int32_t> truth = some_ids(48, 3, V);
@@ -196,7 +183,7 @@ TEST_P(SpeculativeArch, RewindForgetsRejectedTokensExactly) {
 // made so; cpu::kBatchInvariantTokens).
 TEST_P(SpeculativeArch, VerificationBatchesAreBitIdenticalToOneTokenSteps) {
   std::vector<uint8_t> bytes;
-  auto m = synth_model(GetParam(), bytes);
+  auto m = test::synth_q8_model(GetParam(), bytes);
   ASSERT_TRUE(m);
   const int V = m->hparams().n_vocab;
   const std::vector<int32_t> toks = some_ids(40, 9, V);
@@ -272,7 +259,7 @@ void expect_greedy_identical(const Model& m, const std::vector<int32_t>& prompt,
 
 TEST_P(SpeculativeArch, GreedyOutputIdenticalToPlainDecoding) {
   std::vector<uint8_t> bytes;
-  auto m = synth_model(GetParam(), bytes);
+  auto m = test::synth_q8_model(GetParam(), bytes);
   ASSERT_TRUE(m);
   expect_greedy_identical(*m, some_ids(9, 5, m->hparams().n_vocab), 24, GetParam());
 }

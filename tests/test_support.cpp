@@ -5,11 +5,30 @@
 #include <cstdlib>
 #include <fstream>
 #include <stdexcept>
+#include <gtest/gtest.h>
 #include <sys/wait.h>
+
+#include "model/synth.h"
 
 namespace fs = std::filesystem;
 
 namespace strata::test {
+
+std::unique_ptr<Model> synth_q8_model(const char* name, std::vector<uint8_t>& bytes) {
+  const SynthShape* shape = find_synth_shape(name);
+  EXPECT_NE(shape, nullptr) << name;
+  if (shape == nullptr) return nullptr;
+  auto plan = build_synth_plan(*shape, SynthQuant::q8_0, {});
+  EXPECT_TRUE(plan.ok());
+  if (!plan.ok()) return nullptr;
+  bytes = plan->write_memory();
+  auto file = GgufFile::parse(bytes, name);
+  EXPECT_TRUE(file.ok());
+  if (!file.ok()) return nullptr;
+  auto model = Model::load(std::move(*file));
+  EXPECT_TRUE(model.ok()) << model.error().message;
+  return model.ok() ? std::move(*model) : nullptr;
+}
 
 fs::path data_dir() { return fs::path(STRATA_SOURCE_DIR) / "tests" / "data"; }
 

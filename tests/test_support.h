@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "model/model.h"
+
 namespace strata::test {
 
 // tests/data in the source tree (vendored, always present).
@@ -16,6 +18,10 @@ std::filesystem::path data_dir();
 std::optional<std::filesystem::path> fixtures_dir();
 // Every model-*.gguf under fixtures/models (sorted), empty when the fixtures are absent.
 std::vector<std::filesystem::path> fixture_models();
+
+// The synthetic model of shape `name` (model/synth.h: "tiny", "tiny-deepseek2", ...) at Q8_0,
+// written into `bytes` (which must outlive it) and loaded from there.
+std::unique_ptr<Model> synth_q8_model(const char* name, std::vector<uint8_t>& bytes);
 
 std::vector<uint8_t> read_file(const std::filesystem::path& p);
 void write_file(const std::filesystem::path& p, const std::vector<uint8_t>& bytes);
