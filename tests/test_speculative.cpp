@@ -267,6 +267,36 @@ TEST_P(SpeculativeArch, GreedyOutputIdenticalToPlainDecoding) {
 INSTANTIATE_TEST_SUITE_P(Archs, SpeculativeArch,
                          ::testing::Values("tiny", "tiny-deepseek2", "tiny-gpt-oss", "tiny-mixtral", "tiny-deepseek4"));
 
+// A drafter that ignores k (proposes the whole rest of the plain run) is cut to k: same output, no
+// step longer than the context or deepseek4's rings allow.
+TEST(SpeculativeGenerate, DraftsBeyondKAreCut) {
+  std::vector<uint8_t> bytes;
+  auto m = test::synth_q8_model("tiny-deepseek4", bytes);
+  ASSERT_TRUE(m);
+  auto tok = Tokenizer::from_gguf(m->file());
+  ASSERT_TRUE(tok.ok());
+  const std::vector<int32_t> prompt = some_ids(6, 2, m->hparams().n_vocab);
+  auto run = [&](Drafter* d) {
+    Session s(*m, 40);
+    Sampler sampler({.temperature = 0.0f});
+    std::vector<TokenId> history;
+    GenerateOptions o{.n_predict = 30, .ignore_eos = true, .drafter = d, .max_draft = 12, .adaptive_draft = false};
+    auto r = generate(s, *tok, sampler, prompt, history, o, [](std::string_view) {});
+    EXPECT_TRUE(r.ok()) << r.error().message;
+    return history;
+  };
+  const std::vector<TokenId> want = run(nullptr);
+  struct Greedy final : Drafter {
+    const std::vector<TokenId>& full;
+    explicit Greedy(const std::vector<TokenId>& f) : full(f) {}
+    std::string name() const override { return "greedy"; }
+    std::vector<TokenId> draft(std::span<const TokenId> h, int) override {
+      return {full.begin() + long(std::min(h.size(), full.size())), full.end()};
+    }
+  } greedy(want);
+  EXPECT_EQ(run(&greedy), want);
+}
+
 // The llama.cpp fixture models (every architecture and quantization): greedy decoding of the
 // fixture's greedy prompt, with and without drafts, token for token.
 TEST(SpeculativeFixtures, GreedyOutputIdenticalToPlainDecoding) {
