@@ -30,9 +30,6 @@ struct KCost {
   double roofline = 0;      // the largest of them, seconds
 };
 
-// Expected tokens of a step with k drafts at per-token acceptance a.
-double tokens_per_step(double a, int k) { return a >= 1 ? k + 1.0 : (1 - std::pow(a, k + 1)) / (1 - a); }
-
 }  // namespace
 
 int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {

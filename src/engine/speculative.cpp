@@ -35,13 +35,12 @@ constexpr double kTimeWeight = 0.2;   // a new step time's weight in its k's mea
 constexpr double kPriorSlope = 0.3;   // a drafted token's cost in plain steps, before measuring
 constexpr int kProbeMax = 256;
 constexpr double kMargin = 0.03;      // expected speed-up drafting must promise
+}  // namespace
 
-// Expected tokens a step with k drafts produces: the accepted run plus the token after it.
 double tokens_per_step(double a, int k) {
   if (a >= 1.0) return double(k + 1);
   return (1.0 - std::pow(a, k + 1)) / (1.0 - a);
 }
-}  // namespace
 
 DraftController::DraftController(int max_k, bool adaptive)
     : max_k_(std::max(0, max_k)), adaptive_(adaptive), seconds_(size_t(max_k_ + 1), 0.0) {}

@@ -43,6 +43,10 @@ class NgramDrafter final : public Drafter {
 // name the unknown drafter.
 Result<std::unique_ptr<Drafter>> make_drafter(const std::string& name);
 
+// Expected tokens a step with k drafts produces at per-token acceptance a: the accepted run plus
+// the token after it, (1 - a^(k+1)) / (1 - a).
+double tokens_per_step(double a, int k);
+
 // Chooses k, the number of tokens to draft, at each step: the k that maximises the expected tokens
 // per step, (1 - a^(k+1)) / (1 - a) for a per-token acceptance rate a, over the measured time of a
 // step of k+1 tokens. a is the decayed ratio of accepted drafts to drafts tried (a rejection ends a

@@ -762,18 +762,19 @@ void gemv_q6K_interleaved_tokens(const Q6Interleaved& src, const uint8_t* a, siz
     const uint8_t* ab[T];
     for (int t = 0; t < T; ++t) ab[t] = a + size_t(t) * a_stride + size_t(sb) * sizeof(block_q8_K);
     __m512i sumi[T];
-    for (int t = 0; t < T; ++t) sumi[t] = _mm512_setzero_si512();
+    int16_t bs[T][16];  // the tokens' sub-block sums
+    for (int t = 0; t < T; ++t) {
+      sumi[t] = _mm512_setzero_si512();
+      std::memcpy(bs[t], ab[t] + kQ8KBsums, sizeof bs[t]);
+    }
     for (int n = 0; n < 2; ++n) {
       const __m512i z0 = load64(dw + 64 * (48 + 2 * n)), z1 = load64(dw + 64 * (49 + 2 * n));
 #pragma GCC unroll 2
       for (int j = 0; j < 2; ++j) {
         // s[t][i]: sub-block 8n + 2i + j of token t, started at -32 times its activation sum
         __m512i s[T][4];
-        for (int t = 0; t < T; ++t) {
-          int16_t bs[16];
-          std::memcpy(bs, ab[t] + kQ8KBsums, sizeof bs);
-          for (int i = 0; i < 4; ++i) s[t][i] = _mm512_set1_epi32(-32 * int32_t(bs[8 * n + 2 * i + j]));
-        }
+        for (int t = 0; t < T; ++t)
+          for (int i = 0; i < 4; ++i) s[t][i] = _mm512_set1_epi32(-32 * int32_t(bs[t][8 * n + 2 * i + j]));
 #pragma GCC unroll 4
         for (int m = 4 * j; m < 4 * j + 4; ++m) {
           const __m512i qa = load64(dw + 64 * (16 * n + m)), qb = load64(dw + 64 * (16 * n + 8 + m));
