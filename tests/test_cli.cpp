@@ -39,8 +39,8 @@ TEST(Cli, RunIsReproducibleWithASeed) {
   EXPECT_EQ(a, b);
 }
 
-// --draft ngram: the same greedy text as without drafts, and a line with the drafts' count; a
-// drafter that is not built is a one-line error.
+// --draft ngram: the same greedy text as without drafts, and a line with the drafts' count; MTP
+// drafts on a model without an MTP layer are a one-line error.
 TEST(Cli, RunWithDraftsGivesTheSameGreedyText) {
   std::string plain, drafted, log;
   const std::string args = "run -n 24 --temp 0 -p \"one two three one two three one two\"";
@@ -50,8 +50,25 @@ TEST(Cli, RunWithDraftsGivesTheSameGreedyText) {
   ASSERT_EQ(test::run_cli(args + " --draft ngram", &log), 0) << log;
   EXPECT_NE(log.find("speculative (ngram)"), std::string::npos) << log;
   EXPECT_EQ(test::run_cli("run -n 4 --draft mtp", &log), 1);
-  EXPECT_EQ(lines(log), 1) << log;
-  EXPECT_NE(log.find("not built"), std::string::npos) << log;
+  EXPECT_EQ(lines(log), 2) << log;  // the load line, then the error
+  EXPECT_NE(log.find("no multi-token-prediction"), std::string::npos) << log;
+}
+
+// --draft mtp on a model synthesized with a nextn layer (synth --mtp 1): the same greedy text as
+// without drafts, and the load line says the layer is there.
+TEST(Cli, RunWithMtpDraftsGivesTheSameGreedyText) {
+  const auto dir = test::scratch_dir("cli_mtp");
+  const std::string path = (dir / "tiny-mtp.gguf").string();
+  std::string out, plain, drafted, log;
+  ASSERT_EQ(test::run_cli("synth --shape tiny --quant q8_0 --mtp 1 -o " + path, &out), 0) << out;
+  const std::string args = "run -m " + path + " -n 24 --temp 0 -p \"one two three\"";
+  ASSERT_EQ(test::run_cli(args, &plain, true), 0) << plain;
+  ASSERT_EQ(test::run_cli(args + " --draft mtp --draft-max 3", &drafted, true), 0) << drafted;
+  EXPECT_EQ(drafted, plain);
+  ASSERT_EQ(test::run_cli(args + " --draft mtp", &log), 0) << log;
+  EXPECT_NE(log.find("multi-token-prediction (nextn) layer; the first drafts with --draft mtp"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("speculative (mtp)"), std::string::npos) << log;
 }
 
 // bench --speculative prints the cost curve (k = 0 and 1 here), the speed-up by acceptance rate

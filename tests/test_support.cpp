@@ -14,11 +14,11 @@ namespace fs = std::filesystem;
 
 namespace strata::test {
 
-std::unique_ptr<Model> synth_q8_model(const char* name, std::vector<uint8_t>& bytes) {
+std::unique_ptr<Model> synth_q8_model(const char* name, std::vector<uint8_t>& bytes, uint32_t mtp_layers) {
   const SynthShape* shape = find_synth_shape(name);
   EXPECT_NE(shape, nullptr) << name;
   if (shape == nullptr) return nullptr;
-  auto plan = build_synth_plan(*shape, SynthQuant::q8_0, {});
+  auto plan = build_synth_plan(*shape, SynthQuant::q8_0, {.mtp_layers = mtp_layers});
   EXPECT_TRUE(plan.ok());
   if (!plan.ok()) return nullptr;
   bytes = plan->write_memory();

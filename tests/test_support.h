@@ -20,8 +20,9 @@ std::optional<std::filesystem::path> fixtures_dir();
 std::vector<std::filesystem::path> fixture_models();
 
 // The synthetic model of shape `name` (model/synth.h: "tiny", "tiny-deepseek2", ...) at Q8_0,
-// written into `bytes` (which must outlive it) and loaded from there.
-std::unique_ptr<Model> synth_q8_model(const char* name, std::vector<uint8_t>& bytes);
+// written into `bytes` (which must outlive it) and loaded from there, with `mtp_layers`
+// multi-token-prediction layers after the main ones.
+std::unique_ptr<Model> synth_q8_model(const char* name, std::vector<uint8_t>& bytes, uint32_t mtp_layers = 0);
 
 std::vector<uint8_t> read_file(const std::filesystem::path& p);
 void write_file(const std::filesystem::path& p, const std::vector<uint8_t>& bytes);

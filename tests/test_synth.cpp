@@ -448,7 +448,7 @@ TEST(SynthValues, DeepSeek4TablesAndForward) {
     }
   }
   // a file whose last layer is a multi-token-prediction (nextn) layer: the main layers load, the
-  // nextn layer is counted and left out
+  // nextn layer is counted and left out (MTP is not built for deepseek4)
   SynthPlan with_mtp = plan_of("tiny-deepseek4", SynthQuant::q8_0, seeded(5));
   with_mtp.writer.set("deepseek4.nextn_predict_layers", GgufValue::make_u32(1));
   const std::vector<uint8_t> mtp_bytes = with_mtp.write_memory();
@@ -457,7 +457,9 @@ TEST(SynthValues, DeepSeek4TablesAndForward) {
   auto mtp = Model::load(std::move(*mtp_file));
   ASSERT_TRUE(mtp.ok()) << mtp.error().message;
   EXPECT_EQ((*mtp)->hparams().n_layer, 2);
-  EXPECT_EQ((*mtp)->hparams().n_nextn_ignored, 1);
+  EXPECT_EQ((*mtp)->hparams().n_nextn, 1);
+  EXPECT_EQ((*mtp)->mtp, nullptr);
+  EXPECT_NE((*mtp)->mtp_error.find("not built for deepseek4"), std::string::npos) << (*mtp)->mtp_error;
   Session s(**mtp, 64, cpu::MatmulPath::exact);
   auto l = s.eval(ids);
   ASSERT_TRUE(l.ok());

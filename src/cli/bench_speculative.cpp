@@ -81,8 +81,16 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
     }
     const std::vector<int32_t> prompt = random_tokens(std::max(1, o.depth));
     std::vector<TokenId> reference;  // the greedy plain run's tokens, prompt included
-    auto run = [&](const std::string& what, float temp, Drafter* d, int n) -> Status {
+    // mtp: draft with the model's MTP layer (made on the run's session) instead of d
+    auto run = [&](const std::string& what, float temp, Drafter* d, int n, bool mtp = false) -> Status {
       Session gs(m, int(prompt.size()) + n + 1, cpu::MatmulPath::quantized, loaded.config.kv_type);
+      std::unique_ptr<MtpDrafter> own;
+      if (mtp) {
+        auto made = MtpDrafter::create(gs);
+        if (!made) return made.error();
+        own = std::move(*made);
+        d = own.get();
+      }
       Sampler sampler({.temperature = temp, .top_k = 40, .top_p = 1.0f, .min_p = 0.0f, .seed = 5});
       std::vector<TokenId> history;
       GenerateOptions go{.n_predict = n, .ignore_eos = true, .drafter = d, .max_draft = o.max_k};
@@ -126,6 +134,9 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
       Oracle oracle(reference, a, hp.n_vocab);
       if (st) st = run(strfmt("greedy, drafts right with p %.1f", a), 0, &oracle, o.gen_tokens);
     }
+    // random weights: the MTP layer's drafts are as good as random ones, so this measures what
+    // drafting costs and that the controller turns it down
+    if (st && m.mtp != nullptr) st = run("greedy, MTP drafts", 0, nullptr, o.gen_tokens, true);
     if (st) st = run("temperature 1, plain", 1, nullptr, o.gen_tokens);
     if (st) st = run("temperature 1, n-gram drafts", 1, &ngram, o.gen_tokens);
     if (!st) {

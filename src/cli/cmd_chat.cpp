@@ -38,8 +38,7 @@ int fail(const std::string& m) {
 }
 
 int run_chat(ChatCliOptions o) {
-  auto drafter = make_drafter(o.draft.drafter);
-  if (!drafter) return fail(drafter.error().message);
+  if (Status s = check_drafter_name(o.draft.drafter); !s) return fail(s.error().message);
   auto loaded = load_model(o.common, "strata chat");
   if (!loaded) return fail(loaded.error().message);
   const Model& m = *loaded->model;
@@ -66,6 +65,8 @@ int run_chat(ChatCliOptions o) {
   Session session(m, ctx, cpu::MatmulPath::quantized, loaded->config.kv_type);
   o.sampling.seed = std::random_device{}();
   Sampler sampler(o.sampling);
+  auto drafter = make_drafter(o.draft.drafter, &session);
+  if (!drafter) return fail(drafter.error().message);
   o.gen.drafter = drafter->get();
   o.gen.max_draft = o.draft.max;
   std::fprintf(stderr, "strata chat: %s, template %s, context %d; an empty line or end of input ends the chat\n",

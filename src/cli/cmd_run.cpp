@@ -28,9 +28,8 @@ struct RunOptions {
 };
 
 int run_generate(RunOptions o) {
-  auto drafter = make_drafter(o.draft.drafter);
-  if (!drafter) {
-    std::fprintf(stderr, "strata run: %s\n", drafter.error().message.c_str());
+  if (Status s = check_drafter_name(o.draft.drafter); !s) {
+    std::fprintf(stderr, "strata run: %s\n", s.error().message.c_str());
     return 1;
   }
   auto loaded = load_model(o.common, "strata run");
@@ -60,6 +59,11 @@ int run_generate(RunOptions o) {
   if (!o.seed_given) o.sampling.seed = std::random_device{}();
   Session session(m, ctx, cpu::MatmulPath::quantized, loaded->config.kv_type);
   Sampler sampler(o.sampling);
+  auto drafter = make_drafter(o.draft.drafter, &session);
+  if (!drafter) {
+    std::fprintf(stderr, "strata run: %s\n", drafter.error().message.c_str());
+    return 1;
+  }
   o.gen.drafter = drafter->get();
   o.gen.max_draft = o.draft.max;
 

@@ -21,6 +21,7 @@ struct SynthArgs {
   std::string vocab;
   uint64_t seed = 1;
   uint32_t layers = 0;  // 0: the shape's
+  uint32_t mtp = 0;     // multi-token-prediction layers after the main ones
   bool list = false;
 };
 
@@ -79,7 +80,7 @@ int run_synth(const SynthArgs& a) {
                  a.quant.c_str());
     return 2;
   }
-  auto plan = build_synth_plan(*shape, *quant, {.seed = a.seed, .vocab_path = a.vocab});
+  auto plan = build_synth_plan(*shape, *quant, {.seed = a.seed, .vocab_path = a.vocab, .mtp_layers = a.mtp});
   if (!plan) {
     std::fprintf(stderr, "strata synth: %s\n", plan.error().message.c_str());
     return 1;
@@ -129,6 +130,10 @@ Runner add_synth_command(CLI::App& app) {
   sub->add_option("--quant", args->quant, "quant mix: q8_0, q4_k (Q4_K_M) or mxfp4 (MXFP4_MOE)");
   sub->add_option("-o,--output", args->output, "GGUF file to write");
   sub->add_option("--seed", args->seed, "seed of the random weights")->capture_default_str();
+  sub->add_option("--mtp", args->mtp,
+                  "multi-token-prediction (nextn) layers to add after the main ones, as DeepSeek-V3 ships one "
+                  "(for --draft mtp; not deepseek4)")
+      ->check(CLI::Range(0, 4));
   sub->add_option("--vocab", args->vocab,
                   "copy the tokenizer from this GGUF (n_vocab follows it; default: a generated "
                   "byte-level BPE vocabulary of the shape's size)");

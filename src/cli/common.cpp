@@ -25,8 +25,9 @@ void add_common(CLI::App* sub, CommonOptions& o) {
 
 void add_draft_options(CLI::App* sub, DraftOptions& o) {
   sub->add_option("--draft", o.drafter,
-                  "speculative decoding: none (default) or ngram (prompt lookup; drafts verified in one batched "
-                  "pass, the number drafted adapts to what is accepted)");
+                  "speculative decoding: none (default), ngram (prompt lookup) or mtp (the model's own "
+                  "multi-token-prediction layer, where the GGUF has one); drafts are verified in one batched "
+                  "pass, and the number drafted adapts to what is accepted");
   sub->add_option("--draft-max", o.max, "most tokens drafted per step (default 8)")->check(CLI::Range(1, 32));
 }
 
@@ -108,9 +109,13 @@ Result<Loaded> load_model(const CommonOptions& o, const char* cmd) {
                s->arch.c_str(), format_bytes(double(s->n_bytes)).c_str(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), how.c_str(),
                cpu::compute_pool().size(), c.source == "defaults" ? "" : (", config " + c.source).c_str());
-  if (const int n = (*m)->hparams().n_nextn_ignored; n > 0)
-    std::fprintf(stderr, "%s: the file's %d multi-token-prediction (nextn) layer%s not loaded: strata does not use "
-                 "them yet\n", cmd, n, n == 1 ? " is" : "s are");
+  if (const int n = (*m)->hparams().n_nextn; n > 0) {
+    if ((*m)->mtp != nullptr)
+      std::fprintf(stderr, "%s: the file has %d multi-token-prediction (nextn) layer%s; the first drafts with "
+                   "--draft mtp\n", cmd, n, n == 1 ? "" : "s");
+    else
+      std::fprintf(stderr, "%s: %s\n", cmd, (*m)->mtp_error.c_str());
+  }
   return Loaded{std::move(*m), std::move(*s), std::move(*config)};
 }
 

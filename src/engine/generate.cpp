@@ -58,10 +58,10 @@ Result<GenerateResult> generate(Session& session, const Tokenizer& tok, Sampler&
     // drafts must fit the context and be worth producing (the token after the last is free)
     const int room = int(std::min<int64_t>(session.n_ctx() - session.n_past() - 1, opt.n_predict - r.n_generated - 1));
     const int k = opt.drafter != nullptr ? control.choose(room) : 0;
+    const auto ts = Clock::now();  // a step's time includes drafting (the MTP drafter runs a layer)
     std::vector<TokenId> drafts = k > 0 ? opt.drafter->draft(history, k) : std::vector<TokenId>{};
     if (drafts.size() > size_t(k)) drafts.resize(size_t(k));  // a drafter's excess would not fit
     ++r.n_steps;
-    const auto ts = Clock::now();
     if (drafts.empty()) {
       logits = session.eval(std::span<const TokenId>(&next, 1));
       if (!logits) return logits.error();

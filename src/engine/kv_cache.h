@@ -46,17 +46,23 @@ struct KvCache {
   };
   std::vector<CompressedLayer> compressed;
 
-  void init(int n_layer, int ctx, int kw, int vw) {
+  // Layers below `first` get no rows (a cache of the multi-token-prediction layer alone).
+  void init(int n_layer, int ctx, int kw, int vw, int first = 0) {
     type = KvType::f32;
     n_ctx = ctx;
     k_width = kw;
     v_width = vw;
-    k.assign(size_t(n_layer), std::vector<float>(size_t(ctx) * size_t(kw)));
-    v.assign(size_t(n_layer), std::vector<float>(size_t(ctx) * size_t(vw)));
+    k.assign(size_t(n_layer), {});
+    v.assign(size_t(n_layer), {});
+    for (int il = first; il < n_layer; ++il) {
+      k[size_t(il)].resize(size_t(ctx) * size_t(kw));
+      v[size_t(il)].resize(size_t(ctx) * size_t(vw));
+    }
   }
   static constexpr int kKeyBlock = 32;
   // K stored in transposed key blocks, GQA: n_head_kv heads of head_dim floats per position.
-  void init_key_blocks(int n_layer, int ctx, int n_head_kv, int head_dim, int vw, KvType t = KvType::f32) {
+  void init_key_blocks(int n_layer, int ctx, int n_head_kv, int head_dim, int vw, KvType t = KvType::f32,
+                       int first = 0) {
     const int padded = (ctx + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
     type = t;
     n_ctx = ctx;
@@ -64,16 +70,24 @@ struct KvCache {
     v_width = vw;
     k_heads = n_head_kv;
     const size_t nk = size_t(padded) * size_t(k_width), nv = size_t(ctx) * size_t(vw);
+    k.clear();
+    v.clear();
+    k16.clear();
+    v16.clear();
     if (t == KvType::f16) {
-      k16.assign(size_t(n_layer), std::vector<uint16_t>(nk));
-      v16.assign(size_t(n_layer), std::vector<uint16_t>(nv));
-      k.clear();
-      v.clear();
+      k16.resize(size_t(n_layer));
+      v16.resize(size_t(n_layer));
+      for (int il = first; il < n_layer; ++il) {
+        k16[size_t(il)].resize(nk);
+        v16[size_t(il)].resize(nv);
+      }
     } else {
-      k.assign(size_t(n_layer), std::vector<float>(nk));
-      v.assign(size_t(n_layer), std::vector<float>(nv));
-      k16.clear();
-      v16.clear();
+      k.resize(size_t(n_layer));
+      v.resize(size_t(n_layer));
+      for (int il = first; il < n_layer; ++il) {
+        k[size_t(il)].resize(nk);
+        v[size_t(il)].resize(nv);
+      }
     }
   }
   // Bytes of cache per position, all layers.

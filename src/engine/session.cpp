@@ -12,19 +12,21 @@ namespace strata {
 namespace {
 // Errors: a routed expert the NVMe tier could not read (its computation used zeros instead: the
 // logits are not returned, and the caller's position does not advance).
+// hidden: null, or where the last layer's output rows go (not deepseek4).
 Status run_forward(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
-                   bool all_logits, float* logits) {
+                   bool all_logits, float* logits, float* hidden = nullptr) {
   switch (m.hparams().arch) {
     case Arch::qwen3moe:
     case Arch::qwen2moe:
     case Arch::llama:
     case Arch::gpt_oss:
-      forward_gqa_moe(m, be, seqs, tokens, all_logits, logits);
+      forward_gqa_moe(m, be, seqs, tokens, all_logits, logits, hidden);
       break;
     case Arch::deepseek2:
-      forward_deepseek2(m, be, seqs, tokens, all_logits, logits);
+      forward_deepseek2(m, be, seqs, tokens, all_logits, logits, hidden);
       break;
     case Arch::deepseek4:
+      STRATA_CHECK(hidden == nullptr, "deepseek4's forward pass gives no hidden rows");
       forward_deepseek4(m, be, seqs, tokens, all_logits, logits);
       break;
   }
@@ -58,9 +60,42 @@ Result<std::vector<float>> Session::eval(std::span<const int32_t> tokens, bool a
   const int64_t n = int64_t(tokens.size());
   std::vector<float> logits(size_t((all_logits ? n : 1) * hp.n_vocab));
   const SeqSpan seq{&cache_, n_past_, n};
-  STRATA_TRY(run_forward(model_, backend_, std::span<const SeqSpan>(&seq, 1), tokens.data(), all_logits, logits.data()));
+  std::vector<float> hidden(keep_hidden_ ? size_t(n * hp.n_embd) : 0);
+  STRATA_TRY(run_forward(model_, backend_, std::span<const SeqSpan>(&seq, 1), tokens.data(), all_logits, logits.data(),
+                         keep_hidden_ ? hidden.data() : nullptr));
+  if (keep_hidden_) {
+    // rows of forgotten positions (a rewind) go; a gap (a truncation below the kept rows) restarts
+    const size_t E = size_t(hp.n_embd);
+    const int64_t rows = int64_t(hidden_.size() / E);
+    if (n_past_ < hidden_pos0_ || n_past_ > hidden_pos0_ + rows) {
+      hidden_.clear();
+      hidden_pos0_ = n_past_;
+    }
+    hidden_.resize(size_t(n_past_ - hidden_pos0_) * E);
+    hidden_.insert(hidden_.end(), hidden.begin(), hidden.end());
+  }
   n_past_ += n;
   return logits;
+}
+
+void Session::keep_hidden(bool on) {
+  STRATA_CHECK(!on || model_.hparams().arch != Arch::deepseek4, "keep_hidden: deepseek4 gives no hidden rows");
+  keep_hidden_ = on;
+  hidden_.clear();
+  hidden_pos0_ = n_past_;
+}
+
+const float* Session::hidden_row(int64_t pos) const {
+  const int64_t E = model_.hparams().n_embd, rows = int64_t(hidden_.size()) / E;
+  if (pos < hidden_pos0_ || pos >= hidden_pos0_ + rows || pos >= n_past_) return nullptr;
+  return hidden_.data() + (pos - hidden_pos0_) * E;
+}
+
+void Session::release_hidden(int64_t pos) {
+  const int64_t E = model_.hparams().n_embd, rows = int64_t(hidden_.size()) / E;
+  const int64_t drop = std::clamp<int64_t>(pos - hidden_pos0_, 0, rows);
+  hidden_.erase(hidden_.begin(), hidden_.begin() + drop * E);
+  hidden_pos0_ += drop;
 }
 
 Result<std::vector<float>> Session::eval_batch(std::span<Session* const> sessions,

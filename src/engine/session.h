@@ -33,6 +33,7 @@ class Session {
   int64_t n_past() const { return n_past_; }
   int n_ctx() const { return cache_.n_ctx; }
   KvType kv_type() const { return cache_.type; }
+  cpu::MatmulPath path() const { return backend_.path(); }
   void reset() { n_past_ = 0; }
   // Forgets every position from n on (their cache rows are overwritten by the next eval). Returns
   // the positions kept: n, or 0 where the cache cannot resume inside what it held (deepseek4's
@@ -55,6 +56,14 @@ class Session {
   int max_speculation() const;
   const Model& model() const { return model_; }
 
+  // Keeps the last layer's output row (before the final norm) of every position eval computes,
+  // until released: what the MTP drafter reads. Off by default.
+  void keep_hidden(bool on);
+  // The kept row [n_embd] of position pos, or null when it is not kept (or pos >= n_past()).
+  const float* hidden_row(int64_t pos) const;
+  // Frees the kept rows of the positions below pos.
+  void release_hidden(int64_t pos);
+
  private:
   // The errors of eval: no tokens, an id outside the vocabulary, a full context.
   Status check(std::span<const int32_t> tokens) const;
@@ -65,6 +74,10 @@ class Session {
   // begin_speculation's copy of the compressor rings ([layer][attn, index] -> ring_a, ring_s)
   int64_t spec_pos_ = -1;
   std::vector<std::vector<float>> spec_rings_;
+  // keep_hidden: the rows of positions hidden_pos0_ .. hidden_pos0_ + rows - 1
+  bool keep_hidden_ = false;
+  int64_t hidden_pos0_ = 0;
+  std::vector<float> hidden_;
 };
 
 // Index of the largest logit; ties go to the lowest id (as the fixtures' greedy files do).

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/session.h"
+#include "model/forward.h"
+
 namespace strata {
 
 std::vector<TokenId> NgramDrafter::draft(std::span<const TokenId> history, int k) {
@@ -20,13 +23,68 @@ std::vector<TokenId> NgramDrafter::draft(std::span<const TokenId> history, int k
   return {};
 }
 
-Result<std::unique_ptr<Drafter>> make_drafter(const std::string& name) {
+MtpDrafter::MtpDrafter(Session& target) : target_(target) {
+  init_mtp_cache(target.model(), target.n_ctx(), cache_,
+                 target.path() == cpu::MatmulPath::exact ? KvType::f32 : target.kv_type());
+  target.keep_hidden(true);
+}
+
+Result<std::unique_ptr<MtpDrafter>> MtpDrafter::create(Session& target) {
+  const Model& m = target.model();
+  if (m.mtp == nullptr) return Error{"drafter \"mtp\": " + m.mtp_error};
+  return std::unique_ptr<MtpDrafter>(new MtpDrafter(target));
+}
+
+std::vector<TokenId> MtpDrafter::draft(std::span<const TokenId> history, int k) {
+  const Model& m = target_.model();
+  const int64_t E = m.hparams().n_embd, P = target_.n_past();
+  if (k <= 0 || int64_t(history.size()) != P + 1 || P == 0) return {};
+  // entry q needs the target's row h_q and token q+1; rows the target no longer holds (it was
+  // truncated below them and re-evaluated without keeping rows) leave their entries as they were
+  n_exact_ = std::min(n_exact_, P);
+  while (n_exact_ < P && target_.hidden_row(n_exact_) == nullptr) ++n_exact_;
+  if (n_exact_ == P) return {};  // nothing kept to draft from
+  const cpu::CpuBackend be(target_.path());
+  const int64_t n = P - n_exact_;
+  std::vector<float> logits(static_cast<size_t>(m.hparams().n_vocab)), rows(static_cast<size_t>(n * E)),
+      out(static_cast<size_t>(n * E));
+  for (int64_t q = n_exact_; q < P; ++q) std::copy_n(target_.hidden_row(q), E, rows.data() + (q - n_exact_) * E);
+  const SeqSpan seq{&cache_, n_exact_, n};
+  forward_mtp(m, be, std::span<const SeqSpan>(&seq, 1), history.data() + n_exact_ + 1, rows.data(), false,
+              logits.data(), out.data());
+  n_exact_ = P;
+  target_.release_hidden(P);
+  first_logits_ = logits;
+
+  std::vector<TokenId> drafts{argmax(logits)};
+  std::vector<float> h(out.end() - E, out.end()), next_h(static_cast<size_t>(E));
+  for (int64_t pos = P; int(drafts.size()) < k && pos < cache_.n_ctx; ++pos) {
+    const SeqSpan one{&cache_, pos, 1};
+    forward_mtp(m, be, std::span<const SeqSpan>(&one, 1), &drafts.back(), h.data(), false, logits.data(),
+                next_h.data());
+    drafts.push_back(argmax(logits));
+    h.swap(next_h);
+  }
+  return drafts;
+}
+
+Status check_drafter_name(const std::string& name) {
+  if (name.empty() || name == "none" || name == "ngram" || name == "mtp") return Status::success();
+  return Error{"unknown drafter \"" + name + "\" (none, ngram, mtp)"};
+}
+
+Result<std::unique_ptr<Drafter>> make_drafter(const std::string& name, Session* target) {
+  STRATA_TRY(check_drafter_name(name));
   if (name.empty() || name == "none") return std::unique_ptr<Drafter>();
   if (name == "ngram") return std::unique_ptr<Drafter>(std::make_unique<NgramDrafter>());
-  if (name == "mtp")
-    return Error{"drafter \"mtp\" (the model's nextn layers) is not built yet: strata does not load MTP layers; "
-                 "use \"ngram\""};
-  return Error{"unknown drafter \"" + name + "\" (none, ngram)"};
+  if (name == "mtp") {
+    STRATA_CHECK(target != nullptr, "make_drafter: \"mtp\" needs the target session");
+    auto d = MtpDrafter::create(*target);
+    if (!d) return d.error();
+    return std::unique_ptr<Drafter>(std::move(*d));
+  }
+  STRATA_CHECK(false, "make_drafter: a drafter name check_drafter_name accepts is not made");
+  return Error{"unreachable"};
 }
 
 namespace {

@@ -10,13 +10,16 @@
 #include <vector>
 
 #include "base/error.h"
+#include "engine/kv_cache.h"
 #include "model/tokenizer.h"
 
 namespace strata {
 
-// Proposes tokens. A drafter sees only the token history: a separate draft model or the model's
-// own MTP layers (which also need the target's hidden states) would implement the same call with
-// state of their own.
+class Session;
+
+// Proposes tokens. A drafter sees the token history; one that needs more (the MTP drafter reads
+// the target session's hidden rows, a separate draft model would keep a session of its own) holds
+// that state itself.
 class Drafter {
  public:
   virtual ~Drafter() = default;
@@ -39,9 +42,37 @@ class NgramDrafter final : public Drafter {
   int min_n_, max_n_;
 };
 
-// "none" -> null, "ngram" -> NgramDrafter. "mtp" is an error that says it is not built. Errors
-// name the unknown drafter.
-Result<std::unique_ptr<Drafter>> make_drafter(const std::string& name);
+// Drafts with the model's own multi-token-prediction layer (Model::mtp). The first draft comes
+// from the target's hidden row of the last evaluated position and the pending token; each further
+// one from the MTP layer's own output row and the draft before it (DeepSeek-V3's MTP module
+// chained, as vLLM and SGLang run it). The MTP layer's cache holds one entry per target position
+// q, made from h_q and token q+1; those entries are exact (the target's rows of accepted tokens),
+// and the chained entries past them are overwritten at the next call. Drafts are the argmax of the
+// MTP logits (a point-mass draft distribution, as Sampler::verify assumes).
+class MtpDrafter final : public Drafter {
+ public:
+  // Turns on the target's hidden rows (Session::keep_hidden); create it before the target
+  // evaluates the prompt. Errors: the model has no usable MTP layer (Model::mtp_error).
+  static Result<std::unique_ptr<MtpDrafter>> create(Session& target);
+  std::string name() const override { return "mtp"; }
+  // history: every token the target has evaluated, then the pending one (n_past() + 1 tokens).
+  std::vector<TokenId> draft(std::span<const TokenId> history, int k) override;
+  // The MTP logits of the last call's first draft ([n_vocab]; tests).
+  const std::vector<float>& first_logits() const { return first_logits_; }
+
+ private:
+  explicit MtpDrafter(Session& target);
+  Session& target_;
+  KvCache cache_;
+  int64_t n_exact_ = 0;  // MTP entries 0 .. n_exact_ - 1 are made from the target's rows
+  std::vector<float> first_logits_;
+};
+
+// "none" -> null, "ngram" -> NgramDrafter, "mtp" -> MtpDrafter on `target` (required for it).
+// Errors name the unknown drafter, or say why the model cannot draft with MTP.
+Result<std::unique_ptr<Drafter>> make_drafter(const std::string& name, Session* target = nullptr);
+// make_drafter's name check alone (before a model is loaded).
+Status check_drafter_name(const std::string& name);
 
 // Expected tokens a step with k drafts produces at per-token acceptance a: the accepted run plus
 // the token after it, (1 - a^(k+1)) / (1 - a).

@@ -74,78 +74,90 @@ void mla_attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeig
 
 }  // namespace
 
-void forward_deepseek2(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
-                       bool all_logits, float* logits) {
+void deepseek2_block(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, int il,
+                     const LayerWeights& l, float* x, int64_t n_tok, float* h, float* y, MlaScratch& scratch) {
   const HParams& hp = m.hparams();
-  const int64_t n_tok = batch_tokens(seqs);
   const int64_t E = hp.n_embd, H = hp.n_head, QK = hp.qk_nope + hp.qk_rope, R = hp.kv_lora_rank,
                 ROPE = hp.qk_rope;
-  std::vector<float> x(size_t(n_tok * E)), h(size_t(n_tok * E)), y(size_t(n_tok * E));
-  std::vector<float> q(size_t(n_tok * H * QK)), kv(size_t(n_tok * (R + ROPE))),
-      attn(size_t(n_tok * H * hp.v_head)), qa;
-  if (hp.q_lora_rank > 0) qa.resize(size_t(n_tok * hp.q_lora_rank));
+  const bool main_layer = il < hp.n_layer;  // not the nextn layer, whose experts are never streamed
+  // the attention's buffers, sized once per forward pass (a prefill's q is tens of MB)
+  std::vector<float>& q = scratch.q;
+  std::vector<float>& kv = scratch.kv;
+  std::vector<float>& attn = scratch.attn;
+  std::vector<float>& qa = scratch.qa;
+  q.resize(size_t(n_tok * H * QK));
+  kv.resize(size_t(n_tok * (R + ROPE)));
+  attn.resize(size_t(n_tok * H * hp.v_head));
+  qa.resize(hp.q_lora_rank > 0 ? size_t(n_tok * hp.q_lora_rank) : 0);
 
-  embed(m, tokens, n_tok, x.data());
-
-  for (int il = 0; il < hp.n_layer; ++il) {
-    const LayerWeights& l = m.layers[size_t(il)];
-
-    // attention (MLA)
-    {
-      prof::Span span(prof::Part::attention, il);
-      rms_norm_rows(x.data(), l.attn_norm, n_tok, E, hp.eps, h.data());
-      if (hp.q_lora_rank > 0) {
-        const int64_t Q = hp.q_lora_rank;
-        be.matmul(l.wq_a, h.data(), n_tok, qa.data());
-        rms_norm_rows(qa.data(), l.q_a_norm, n_tok, Q, hp.eps, qa.data());
-        be.matmul(l.wq_b, qa.data(), n_tok, q.data());
-      } else {
-        be.matmul(l.wq, h.data(), n_tok, q.data());
-      }
-      be.matmul(l.wkv_a_mqa, h.data(), n_tok, kv.data());
-      for (int64_t t = 0; const SeqSpan& seq : seqs) {
-        for (int64_t j = 0; j < seq.n_tok; ++j, ++t) {
-          const int64_t pos = seq.pos0 + j;
-          float* kvt = &kv[t * (R + ROPE)];
-          cpu::rms_norm(kvt, f32(l.kv_a_norm), R, hp.eps, kvt);  // latent c
-          cpu::rope(kvt + R, 1, int(ROPE), pos, hp.rope);        // k_pe
-          for (int64_t i = 0; i < H; ++i) cpu::rope(&q[(t * H + i) * QK + hp.qk_nope], 1, int(ROPE), pos, hp.rope);
-          std::copy_n(kvt, R + ROPE, seq.cache->k_row(il, pos));
-        }
-      }
-      mla_attention(be, hp, l, seqs, il, q.data(), n_tok, attn.data());
-      be.matmul(l.wo, attn.data(), n_tok, y.data());
-      cpu::add(x.data(), y.data(), n_tok * E);  // residual
-    }
-
-    if (m.expert_store) {
-      prof::Span span(prof::Part::router, il);
-      prefetch_experts(be, m, il, x.data(), n_tok);
-    }
-    // feed-forward: dense, or routed experts + shared experts
-    if (!l.is_moe()) {
-      prof::Span span(prof::Part::shared_ffn, il);
-      rms_norm_rows(x.data(), l.ffn_norm, n_tok, E, hp.eps, h.data());
-      swiglu_ffn(be, l.ffn_gate, l.ffn_up, l.ffn_down, h.data(), n_tok, nullptr, false, y.data());
+  // attention (MLA)
+  {
+    prof::Span span(prof::Part::attention, il);
+    rms_norm_rows(x, l.attn_norm, n_tok, E, hp.eps, h);
+    if (hp.q_lora_rank > 0) {
+      const int64_t Q = hp.q_lora_rank;
+      be.matmul(l.wq_a, h, n_tok, qa.data());
+      rms_norm_rows(qa.data(), l.q_a_norm, n_tok, Q, hp.eps, qa.data());
+      be.matmul(l.wq_b, qa.data(), n_tok, q.data());
     } else {
-      Routing routing;
-      {
-        prof::Span span(prof::Part::router, il);
-        rms_norm_rows(x.data(), l.ffn_norm, n_tok, E, hp.eps, h.data());
-        routing = route(be, hp, l, h.data(), n_tok);
-        if (m.routing_override != nullptr) m.routing_override->choose(il, n_tok, routing);
-      }
-      {
-        prof::Span span(prof::Part::experts, il);
-        moe_ffn(be, l, routing, h.data(), n_tok, E, y.data(), {}, m.expert_store.get(), il);
-      }
-      if (l.gate_shexp) {
-        prof::Span span(prof::Part::shared_ffn, il);
-        swiglu_ffn(be, l.gate_shexp, l.up_shexp, l.down_shexp, h.data(), n_tok, nullptr, true, y.data());
+      be.matmul(l.wq, h, n_tok, q.data());
+    }
+    be.matmul(l.wkv_a_mqa, h, n_tok, kv.data());
+    for (int64_t t = 0; const SeqSpan& seq : seqs) {
+      for (int64_t j = 0; j < seq.n_tok; ++j, ++t) {
+        const int64_t pos = seq.pos0 + j;
+        float* kvt = &kv[t * (R + ROPE)];
+        cpu::rms_norm(kvt, f32(l.kv_a_norm), R, hp.eps, kvt);  // latent c
+        cpu::rope(kvt + R, 1, int(ROPE), pos, hp.rope);        // k_pe
+        for (int64_t i = 0; i < H; ++i) cpu::rope(&q[(t * H + i) * QK + hp.qk_nope], 1, int(ROPE), pos, hp.rope);
+        std::copy_n(kvt, R + ROPE, seq.cache->k_row(il, pos));
       }
     }
-    cpu::add(x.data(), y.data(), n_tok * E);  // residual
+    mla_attention(be, hp, l, seqs, il, q.data(), n_tok, attn.data());
+    be.matmul(l.wo, attn.data(), n_tok, y);
+    cpu::add(x, y, n_tok * E);  // residual
   }
+
+  if (m.expert_store && main_layer) {
+    prof::Span span(prof::Part::router, il);
+    prefetch_experts(be, m, il, x, n_tok);
+  }
+  // feed-forward: dense, or routed experts + shared experts
+  if (!l.is_moe()) {
+    prof::Span span(prof::Part::shared_ffn, il);
+    rms_norm_rows(x, l.ffn_norm, n_tok, E, hp.eps, h);
+    swiglu_ffn(be, l.ffn_gate, l.ffn_up, l.ffn_down, h, n_tok, nullptr, false, y);
+  } else {
+    Routing routing;
+    {
+      prof::Span span(prof::Part::router, il);
+      rms_norm_rows(x, l.ffn_norm, n_tok, E, hp.eps, h);
+      routing = route(be, hp, l, h, n_tok);
+      if (m.routing_override != nullptr && main_layer) m.routing_override->choose(il, n_tok, routing);
+    }
+    {
+      prof::Span span(prof::Part::experts, il);
+      moe_ffn(be, l, routing, h, n_tok, E, y, {}, main_layer ? m.expert_store.get() : nullptr, il);
+    }
+    if (l.gate_shexp) {
+      prof::Span span(prof::Part::shared_ffn, il);
+      swiglu_ffn(be, l.gate_shexp, l.up_shexp, l.down_shexp, h, n_tok, nullptr, true, y);
+    }
+  }
+  cpu::add(x, y, n_tok * E);  // residual
+}
+
+void forward_deepseek2(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
+                       bool all_logits, float* logits, float* hidden) {
+  const HParams& hp = m.hparams();
+  const int64_t n_tok = batch_tokens(seqs);
+  const int64_t E = hp.n_embd;
+  std::vector<float> x(size_t(n_tok * E)), h(size_t(n_tok * E)), y(size_t(n_tok * E));
+  MlaScratch scratch;
+  embed(m, tokens, n_tok, x.data());
+  for (int il = 0; il < hp.n_layer; ++il)
+    deepseek2_block(m, be, seqs, il, m.layers[size_t(il)], x.data(), n_tok, h.data(), y.data(), scratch);
+  if (hidden != nullptr) std::copy(x.begin(), x.end(), hidden);
   output_head(m, be, x.data(), seqs, all_logits, logits);
 }
 

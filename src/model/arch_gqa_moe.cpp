@@ -19,64 +19,72 @@ int64_t batch_tokens(std::span<const SeqSpan> seqs) {
   return n;
 }
 
+void gqa_moe_block(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, int il,
+                   const LayerWeights& l, float* x, int64_t n_tok, float* h, float* y) {
+  const HParams& hp = m.hparams();
+  const int64_t E = hp.n_embd;
+  const bool main_layer = il < hp.n_layer;  // not the nextn layer, whose experts are never streamed
+
+  // attention
+  {
+    prof::Span span(prof::Part::attention, il);
+    rms_norm_rows(x, l.attn_norm, n_tok, E, hp.eps, h);
+    gqa_attention(be, hp, l, seqs, il, h, n_tok, y);
+    cpu::add(x, y, n_tok * E);  // residual
+  }
+
+  // routed experts (+ shared expert)
+  Routing routing;
+  {
+    prof::Span span(prof::Part::router, il);
+    if (main_layer) prefetch_experts(be, m, il, x, n_tok);
+    rms_norm_rows(x, l.ffn_norm, n_tok, E, hp.eps, h);
+    routing = route(be, hp, l, h, n_tok);
+    if (m.routing_override != nullptr && main_layer) m.routing_override->choose(il, n_tok, routing);
+  }
+  {
+    prof::Span span(prof::Part::experts, il);
+    moe_ffn(be, l, routing, h, n_tok, E, y, hp.expert_glu, main_layer ? m.expert_store.get() : nullptr, il);
+  }
+  if (l.gate_shexp) {
+    prof::Span span(prof::Part::shared_ffn, il);
+    std::vector<float> gate(size_t(n_tok), 1.0f);
+    if (l.gate_inp_shexp) {
+      for (int64_t t = 0; t < n_tok; ++t) {
+        float z = 0;
+        for (int64_t i = 0; i < E; ++i) z += f32(l.gate_inp_shexp)[i] * h[t * E + i];
+        gate[size_t(t)] = 1.0f / (1.0f + std::exp(-z));
+      }
+    }
+    swiglu_ffn(be, l.gate_shexp, l.up_shexp, l.down_shexp, h, n_tok, gate.data(), true, y);
+  }
+  cpu::add(x, y, n_tok * E);  // residual
+}
+
 void forward_gqa_moe(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
-                     bool all_logits, float* logits) {
+                     bool all_logits, float* logits, float* hidden) {
   const HParams& hp = m.hparams();
   const int64_t n_tok = batch_tokens(seqs);
   const int64_t E = hp.n_embd;
   std::vector<float> x(size_t(n_tok * E)), h(size_t(n_tok * E)), y(size_t(n_tok * E));
   embed(m, tokens, n_tok, x.data());
-
-  for (int il = 0; il < hp.n_layer; ++il) {
-    const LayerWeights& l = m.layers[size_t(il)];
-
-    // attention
-    {
-      prof::Span span(prof::Part::attention, il);
-      rms_norm_rows(x.data(), l.attn_norm, n_tok, E, hp.eps, h.data());
-      gqa_attention(be, hp, l, seqs, il, h.data(), n_tok, y.data());
-      cpu::add(x.data(), y.data(), n_tok * E);  // residual
-    }
-
-    // routed experts (+ shared expert)
-    Routing routing;
-    {
-      prof::Span span(prof::Part::router, il);
-      prefetch_experts(be, m, il, x.data(), n_tok);
-      rms_norm_rows(x.data(), l.ffn_norm, n_tok, E, hp.eps, h.data());
-      routing = route(be, hp, l, h.data(), n_tok);
-      if (m.routing_override != nullptr) m.routing_override->choose(il, n_tok, routing);
-    }
-    {
-      prof::Span span(prof::Part::experts, il);
-      moe_ffn(be, l, routing, h.data(), n_tok, E, y.data(), hp.expert_glu, m.expert_store.get(), il);
-    }
-    if (l.gate_shexp) {
-      prof::Span span(prof::Part::shared_ffn, il);
-      std::vector<float> gate(size_t(n_tok), 1.0f);
-      if (l.gate_inp_shexp) {
-        for (int64_t t = 0; t < n_tok; ++t) {
-          float z = 0;
-          for (int64_t i = 0; i < E; ++i) z += f32(l.gate_inp_shexp)[i] * h[size_t(t * E + i)];
-          gate[size_t(t)] = 1.0f / (1.0f + std::exp(-z));
-        }
-      }
-      swiglu_ffn(be, l.gate_shexp, l.up_shexp, l.down_shexp, h.data(), n_tok, gate.data(), true, y.data());
-    }
-    cpu::add(x.data(), y.data(), n_tok * E);  // residual
-  }
+  for (int il = 0; il < hp.n_layer; ++il)
+    gqa_moe_block(m, be, seqs, il, m.layers[size_t(il)], x.data(), n_tok, h.data(), y.data());
+  if (hidden != nullptr) std::copy(x.begin(), x.end(), hidden);
   output_head(m, be, x.data(), seqs, all_logits, logits);
 }
 
 void output_head(const Model& m, const cpu::CpuBackend& be, const float* x, std::span<const SeqSpan> seqs,
-                 bool all_logits, float* logits) {
+                 bool all_logits, float* logits, const Weight* norm_w, const Weight* head_w) {
   prof::Span span(prof::Part::output);
+  const Weight& norm = norm_w != nullptr ? *norm_w : m.output_norm;
+  const Weight& head = head_w != nullptr ? *head_w : m.output;
   const int64_t E = m.hparams().n_embd;
   const int64_t n_tok = batch_tokens(seqs);
   if (all_logits) {
     std::vector<float> h(size_t(n_tok * E));
-    rms_norm_rows(x, m.output_norm, n_tok, E, m.hparams().eps, h.data());
-    be.matmul(m.output, h.data(), n_tok, logits);
+    rms_norm_rows(x, norm, n_tok, E, m.hparams().eps, h.data());
+    be.matmul(head, h.data(), n_tok, logits);
     return;
   }
   // the last token of each span
@@ -85,9 +93,9 @@ void output_head(const Model& m, const cpu::CpuBackend& be, const float* x, std:
   int64_t end = 0;
   for (int64_t s = 0; s < n; ++s) {
     end += seqs[size_t(s)].n_tok;
-    rms_norm_rows(x + (end - 1) * E, m.output_norm, 1, E, m.hparams().eps, h.data() + s * E);
+    rms_norm_rows(x + (end - 1) * E, norm, 1, E, m.hparams().eps, h.data() + s * E);
   }
-  be.matmul(m.output, h.data(), n, logits);
+  be.matmul(head, h.data(), n, logits);
 }
 
 void init_cache(const Model& m, int n_ctx, KvCache& cache, KvType type) {

@@ -4,10 +4,13 @@
 // pos0 .. pos0 + n_tok - 1 (their keys and values are appended there). Every weight is read once
 // for the whole batch; attention runs per span over its own cache. Writes the logits of every token
 // ([n_tok][n_vocab]) when all_logits, else of the last token of each span ([n_spans][n_vocab]).
+// `hidden`, when not null, receives the last layer's output rows [n_tok][n_embd] (before the final
+// norm: what a multi-token-prediction layer reads); deepseek4 has no such rows to give.
 #pragma once
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "engine/kv_cache.h"
 #include "model/model.h"
@@ -23,10 +26,33 @@ struct SeqSpan {
 // qwen3moe, qwen2moe, llama (Mixtral), gpt-oss: GQA attention (biases, sinks and sliding windows
 // where the model has them) + routed experts (hp.expert_glu; + shared expert).
 void forward_gqa_moe(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
-                     bool all_logits, float* logits);
+                     bool all_logits, float* logits, float* hidden = nullptr);
 // deepseek2: MLA attention, leading dense layers, shared experts, grouped sigmoid routing.
 void forward_deepseek2(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
-                       bool all_logits, float* logits);
+                       bool all_logits, float* logits, float* hidden = nullptr);
+
+// One block (layer il, weights l) of those families on the residual stream x [n_tok][n_embd], in
+// place; h and y are scratch of x's size. il == hp.n_layer is the nextn layer: its cache layer is
+// il, and its experts are never streamed or replaced by a routing override.
+void gqa_moe_block(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, int il,
+                   const LayerWeights& l, float* x, int64_t n_tok, float* h, float* y);
+struct MlaScratch {
+  std::vector<float> q, kv, attn, qa;
+};
+void deepseek2_block(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, int il,
+                     const LayerWeights& l, float* x, int64_t n_tok, float* h, float* y, MlaScratch& scratch);
+
+// The multi-token-prediction layer (m.mtp, model.h) on n_tok tokens: row t's input is the
+// embedding of tokens[t] and the hidden row h_prev[t] of the position before it; its keys go to
+// layer m.mtp->il of each span's cache (init_mtp_cache). Writes the logits as the forward passes
+// do, and the layer's output rows to `hidden` [n_tok][n_embd] (what a chained draft reads next).
+void forward_mtp(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
+                 const float* h_prev, bool all_logits, float* logits, float* hidden);
+// The MTP layer's input rows, eh_proj [enorm(embed(tokens[t])) ; hnorm(h_prev[t])]: x [n_tok][n_embd].
+void mtp_input(const Model& m, const cpu::CpuBackend& be, const int32_t* tokens, const float* h_prev,
+               int64_t n_tok, float* x);
+// A cache for the MTP layer alone (the main layers' entries are left empty).
+void init_mtp_cache(const Model& m, int n_ctx, KvCache& cache, KvType type = KvType::f32);
 
 // deepseek4: hyper-connection streams, compressed attention with the lightning indexer, grouped
 // output LoRA, hash-routed and sqrt-softplus routed experts (arch_deepseek4.cpp).
@@ -38,9 +64,9 @@ void init_deepseek4_cache(const Model& m, int n_ctx, KvCache& cache);
 void init_cache(const Model& m, int n_ctx, KvCache& cache, KvType type = KvType::f32);
 
 // Final norm and lm head for the rows of x [n_tok][n_embd] that are asked for: all, or the last of
-// each span.
+// each span. norm / head replace the model's (the MTP layer's own).
 void output_head(const Model& m, const cpu::CpuBackend& be, const float* x, std::span<const SeqSpan> seqs,
-                 bool all_logits, float* logits);
+                 bool all_logits, float* logits, const Weight* norm = nullptr, const Weight* head = nullptr);
 // Total tokens of a batch.
 int64_t batch_tokens(std::span<const SeqSpan> seqs);
 

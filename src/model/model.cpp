@@ -144,6 +144,7 @@ class TensorGetter {
     }
     return w;
   }
+  const GgufFile& file() const { return f_; }
   // A vector that must be F32 (norms, biases, routers).
   Result<Weight> get_f32(const std::string& name, std::vector<int64_t> ne, bool required = true) {
     auto w = get(name, std::move(ne), required);
@@ -202,11 +203,11 @@ Result<HParams> read_hparams(const GgufFile& f) {
   KeyReader k(f, *arch + ".");
   STRATA_TRY(k.u("block_count", hp.n_layer));
   // multi-token-prediction (nextn) layers follow the main ones: not computed (yet), not loaded
-  STRATA_TRY(k.u("nextn_predict_layers", hp.n_nextn_ignored, false));
-  if (hp.n_nextn_ignored < 0 || hp.n_nextn_ignored >= hp.n_layer)
+  STRATA_TRY(k.u("nextn_predict_layers", hp.n_nextn, false));
+  if (hp.n_nextn < 0 || hp.n_nextn >= hp.n_layer)
     return Error{strfmt("%s: %s.nextn_predict_layers %d leaves no layer of %d", f.name().c_str(), arch->c_str(),
-                        hp.n_nextn_ignored, hp.n_layer)};
-  hp.n_layer -= hp.n_nextn_ignored;
+                        hp.n_nextn, hp.n_layer)};
+  hp.n_layer -= hp.n_nextn;
   STRATA_TRY(k.u("embedding_length", hp.n_embd));
   STRATA_TRY(k.u("context_length", hp.n_ctx_train));
   STRATA_TRY(k.u("attention.head_count", hp.n_head));
@@ -332,9 +333,9 @@ Result<HParams> read_hparams(const GgufFile& f) {
       auto numbers = [&](const char* key, size_t n, auto& out) -> Status {
         auto v = f.get_number_array(*arch + "." + key);
         if (!v) return v.error();
-        if (!v->has_value() || (*v)->size() < n || (*v)->size() > n + size_t(hp.n_nextn_ignored))
+        if (!v->has_value() || (*v)->size() < n || (*v)->size() > n + size_t(hp.n_nextn))
           return Error{strfmt("%s: %s.%s must be an array of %zu numbers (one per layer)", f.name().c_str(),
-                              arch->c_str(), key, n + size_t(hp.n_nextn_ignored))};
+                              arch->c_str(), key, n + size_t(hp.n_nextn))};
         out.clear();
         for (size_t i = 0; i < n; ++i)  // the main layers' (nextn layers' entries follow)
           out.push_back(static_cast<typename std::decay_t<decltype(out)>::value_type>((**v)[i]));
@@ -435,6 +436,123 @@ Status load_deepseek4_attention(TensorGetter& g, const HParams& hp, int il, Laye
   return Status::success();
 }
 
+// The tensors of block il (a main layer, or a nextn layer's block), validated against hp.
+Status load_layer(TensorGetter& g, const HParams& hp, int il, LayerWeights& l) {
+  const int64_t E = hp.n_embd, H = hp.n_head, HKV = hp.n_head_kv, DK = hp.head_dim_k, DV = hp.head_dim_v;
+  const int64_t X = hp.n_expert;
+  auto n = [&](const char* s) { return strfmt("blk.%d.%s", il, s); };
+  ASSIGN_OR_RETURN(l.attn_norm, g.get_f32(n("attn_norm.weight"), {E}));
+  const bool oss = hp.arch == Arch::gpt_oss;  // gpt-oss: biases and sinks are required
+  const char* ffn_norm = oss ? "post_attention_norm.weight" : "ffn_norm.weight";
+  ASSIGN_OR_RETURN(l.ffn_norm, g.get_f32(n(ffn_norm), {E}));
+
+  if (hp.arch == Arch::deepseek4) {
+    STRATA_TRY(load_deepseek4_attention(g, hp, il, l));
+  } else if (hp.arch == Arch::deepseek2) {
+    const int64_t QK = hp.qk_nope + hp.qk_rope, R = hp.kv_lora_rank;
+    if (hp.q_lora_rank > 0) {
+      const int64_t Q = hp.q_lora_rank;
+      ASSIGN_OR_RETURN(l.wq_a, g.get(n("attn_q_a.weight"), {E, Q}));
+      ASSIGN_OR_RETURN(l.q_a_norm, g.get_f32(n("attn_q_a_norm.weight"), {Q}));
+      ASSIGN_OR_RETURN(l.wq_b, g.get(n("attn_q_b.weight"), {Q, H * QK}));
+    } else {
+      ASSIGN_OR_RETURN(l.wq, g.get(n("attn_q.weight"), {E, H * QK}));
+    }
+    ASSIGN_OR_RETURN(l.wkv_a_mqa, g.get(n("attn_kv_a_mqa.weight"), {E, R + hp.qk_rope}));
+    ASSIGN_OR_RETURN(l.kv_a_norm, g.get_f32(n("attn_kv_a_norm.weight"), {R}));
+    ASSIGN_OR_RETURN(l.wk_b, g.get(n("attn_k_b.weight"), {hp.qk_nope, R, H}));
+    ASSIGN_OR_RETURN(l.wv_b, g.get(n("attn_v_b.weight"), {R, hp.v_head, H}));
+    ASSIGN_OR_RETURN(l.wo, g.get(n("attn_output.weight"), {H * hp.v_head, E}));
+  } else {
+    ASSIGN_OR_RETURN(l.wq, g.get(n("attn_q.weight"), {E, H * DK}));
+    ASSIGN_OR_RETURN(l.wk, g.get(n("attn_k.weight"), {E, HKV * DK}));
+    ASSIGN_OR_RETURN(l.wv, g.get(n("attn_v.weight"), {E, HKV * DV}));
+    ASSIGN_OR_RETURN(l.wo, g.get(n("attn_output.weight"), {H * DV, E}));
+    ASSIGN_OR_RETURN(l.bq, g.get_f32(n("attn_q.bias"), {H * DK}, oss));
+    ASSIGN_OR_RETURN(l.bk, g.get_f32(n("attn_k.bias"), {HKV * DK}, oss));
+    ASSIGN_OR_RETURN(l.bv, g.get_f32(n("attn_v.bias"), {HKV * DV}, oss));
+    ASSIGN_OR_RETURN(l.bo, g.get_f32(n("attn_output.bias"), {E}, oss));
+    ASSIGN_OR_RETURN(l.attn_sinks, g.get_f32(n("attn_sinks.weight"), {H}, oss));
+    const bool qk_norm = hp.arch == Arch::qwen3moe;
+    ASSIGN_OR_RETURN(l.q_norm, g.get_f32(n("attn_q_norm.weight"), {DK}, qk_norm));
+    ASSIGN_OR_RETURN(l.k_norm, g.get_f32(n("attn_k_norm.weight"), {DK}, qk_norm));
+  }
+
+  const bool dense = X == 0 || il < hp.n_layer_dense_lead;
+  if (dense) {
+    const int64_t F = hp.n_ff;
+    ASSIGN_OR_RETURN(l.ffn_gate, g.get(n("ffn_gate.weight"), {E, F}));
+    ASSIGN_OR_RETURN(l.ffn_up, g.get(n("ffn_up.weight"), {E, F}));
+    ASSIGN_OR_RETURN(l.ffn_down, g.get(n("ffn_down.weight"), {F, E}));
+    return Status::success();
+  }
+  const int64_t FE = hp.n_ff_exp;
+  ASSIGN_OR_RETURN(l.router, g.get_f32(n("ffn_gate_inp.weight"), {E, X}));
+  ASSIGN_OR_RETURN(l.gate_exps, g.get(n("ffn_gate_exps.weight"), {E, FE, X}));
+  ASSIGN_OR_RETURN(l.up_exps, g.get(n("ffn_up_exps.weight"), {E, FE, X}));
+  ASSIGN_OR_RETURN(l.down_exps, g.get(n("ffn_down_exps.weight"), {FE, E, X}));
+  ASSIGN_OR_RETURN(l.router_b, g.get_f32(n("ffn_gate_inp.bias"), {X}, oss));
+  ASSIGN_OR_RETURN(l.gate_exps_b, g.get_f32(n("ffn_gate_exps.bias"), {FE, X}, oss));
+  ASSIGN_OR_RETURN(l.up_exps_b, g.get_f32(n("ffn_up_exps.bias"), {FE, X}, oss));
+  ASSIGN_OR_RETURN(l.down_exps_b, g.get_f32(n("ffn_down_exps.bias"), {E, X}, oss));
+  if (hp.arch == Arch::deepseek2) {
+    ASSIGN_OR_RETURN(l.exp_probs_b, g.get_f32(n("exp_probs_b.bias"), {X}, hp.gating == Gating::sigmoid));
+  }
+  if (hp.arch == Arch::deepseek4) {
+    const bool hash = il < hp.n_hash_layers;
+    ASSIGN_OR_RETURN(l.exp_probs_b, g.get_f32(n("exp_probs_b.bias"), {X}, !hash));
+    if (hash) {
+      ASSIGN_OR_RETURN(l.tid2eid, g.get(n("ffn_gate_tid2eid.weight"), {hp.n_expert_used, hp.n_vocab}, true, true));
+      const int32_t* table = reinterpret_cast<const int32_t*>(l.tid2eid.data);
+      for (int64_t i = 0; i < int64_t(hp.n_expert_used) * hp.n_vocab; ++i)
+        if (table[i] < 0 || table[i] >= hp.n_expert)
+          return Error{strfmt("%s: blk.%d.ffn_gate_tid2eid.weight holds expert %d (the model has %d)",
+                              g.file().name().c_str(), il, table[i], hp.n_expert)};
+    }
+  }
+  if (hp.n_ff_shexp > 0) {
+    const int64_t FS = hp.n_ff_shexp;
+    ASSIGN_OR_RETURN(l.gate_shexp, g.get(n("ffn_gate_shexp.weight"), {E, FS}));
+    ASSIGN_OR_RETURN(l.up_shexp, g.get(n("ffn_up_shexp.weight"), {E, FS}));
+    ASSIGN_OR_RETURN(l.down_shexp, g.get(n("ffn_down_shexp.weight"), {FS, E}));
+    ASSIGN_OR_RETURN(l.gate_inp_shexp, g.get_f32(n("ffn_gate_inp_shexp.weight"), {E}, false));
+  }
+  return Status::success();
+}
+
+// The first nextn layer of a file that has them (Model::mtp); a file whose nextn layer strata
+// cannot use still loads, with the reason in mtp_error.
+void load_mtp(TensorGetter& g, Model& m) {
+  const HParams& hp = m.hparams();
+  if (hp.n_nextn == 0) {
+    m.mtp_error = "the model has no multi-token-prediction (nextn) layer";
+    return;
+  }
+  if (hp.arch == Arch::deepseek4) {
+    m.mtp_error = "multi-token prediction is not built for deepseek4 (its nextn layer is not loaded)";
+    return;
+  }
+  auto mtp = std::make_unique<MtpWeights>();
+  mtp->il = hp.n_layer;
+  const int64_t E = hp.n_embd, V = hp.n_vocab;
+  auto n = [&](const char* s) { return strfmt("blk.%d.nextn.%s", mtp->il, s); };
+  auto load = [&]() -> Status {
+    STRATA_TRY(load_layer(g, hp, mtp->il, mtp->block));
+    ASSIGN_OR_RETURN(mtp->eh_proj, g.get(n("eh_proj.weight"), {2 * E, E}));
+    ASSIGN_OR_RETURN(mtp->enorm, g.get_f32(n("enorm.weight"), {E}));
+    ASSIGN_OR_RETURN(mtp->hnorm, g.get_f32(n("hnorm.weight"), {E}));
+    ASSIGN_OR_RETURN(mtp->head_norm, g.get_f32(n("shared_head_norm.weight"), {E}));
+    ASSIGN_OR_RETURN(mtp->embed, g.get(n("embed_tokens.weight"), {E, V}, false));
+    ASSIGN_OR_RETURN(mtp->head, g.get(n("shared_head_head.weight"), {E, V}, false));
+    return Status::success();
+  };
+  if (Status s = load(); !s) {
+    m.mtp_error = "its multi-token-prediction layer cannot be used: " + s.error().message;
+    return;
+  }
+  m.mtp = std::move(mtp);
+}
+
 }  // namespace
 
 Result<HParams> hparams_from_gguf(const GgufFile& f) { return read_hparams(f); }
@@ -507,89 +625,9 @@ Result<std::unique_ptr<Model>> Model::load(GgufFile file, bool repack, bool stre
     ASSIGN_OR_RETURN(m->output_hc_scale, g.get_f32("output_hc_scale.weight", {1}));
   }
 
-  const int64_t H = hp.n_head, HKV = hp.n_head_kv, DK = hp.head_dim_k, DV = hp.head_dim_v;
-  const int64_t X = hp.n_expert;
   m->layers.resize(size_t(hp.n_layer));
-  for (int il = 0; il < hp.n_layer; ++il) {
-    LayerWeights& l = m->layers[size_t(il)];
-    auto n = [&](const char* s) { return strfmt("blk.%d.%s", il, s); };
-    ASSIGN_OR_RETURN(l.attn_norm, g.get_f32(n("attn_norm.weight"), {E}));
-    const bool oss = hp.arch == Arch::gpt_oss;  // gpt-oss: biases and sinks are required
-    const char* ffn_norm = oss ? "post_attention_norm.weight" : "ffn_norm.weight";
-    ASSIGN_OR_RETURN(l.ffn_norm, g.get_f32(n(ffn_norm), {E}));
-
-    if (hp.arch == Arch::deepseek4) {
-      STRATA_TRY(load_deepseek4_attention(g, hp, il, l));
-    } else if (hp.arch == Arch::deepseek2) {
-      const int64_t QK = hp.qk_nope + hp.qk_rope, R = hp.kv_lora_rank;
-      if (hp.q_lora_rank > 0) {
-        const int64_t Q = hp.q_lora_rank;
-        ASSIGN_OR_RETURN(l.wq_a, g.get(n("attn_q_a.weight"), {E, Q}));
-        ASSIGN_OR_RETURN(l.q_a_norm, g.get_f32(n("attn_q_a_norm.weight"), {Q}));
-        ASSIGN_OR_RETURN(l.wq_b, g.get(n("attn_q_b.weight"), {Q, H * QK}));
-      } else {
-        ASSIGN_OR_RETURN(l.wq, g.get(n("attn_q.weight"), {E, H * QK}));
-      }
-      ASSIGN_OR_RETURN(l.wkv_a_mqa, g.get(n("attn_kv_a_mqa.weight"), {E, R + hp.qk_rope}));
-      ASSIGN_OR_RETURN(l.kv_a_norm, g.get_f32(n("attn_kv_a_norm.weight"), {R}));
-      ASSIGN_OR_RETURN(l.wk_b, g.get(n("attn_k_b.weight"), {hp.qk_nope, R, H}));
-      ASSIGN_OR_RETURN(l.wv_b, g.get(n("attn_v_b.weight"), {R, hp.v_head, H}));
-      ASSIGN_OR_RETURN(l.wo, g.get(n("attn_output.weight"), {H * hp.v_head, E}));
-    } else {
-      ASSIGN_OR_RETURN(l.wq, g.get(n("attn_q.weight"), {E, H * DK}));
-      ASSIGN_OR_RETURN(l.wk, g.get(n("attn_k.weight"), {E, HKV * DK}));
-      ASSIGN_OR_RETURN(l.wv, g.get(n("attn_v.weight"), {E, HKV * DV}));
-      ASSIGN_OR_RETURN(l.wo, g.get(n("attn_output.weight"), {H * DV, E}));
-      ASSIGN_OR_RETURN(l.bq, g.get_f32(n("attn_q.bias"), {H * DK}, oss));
-      ASSIGN_OR_RETURN(l.bk, g.get_f32(n("attn_k.bias"), {HKV * DK}, oss));
-      ASSIGN_OR_RETURN(l.bv, g.get_f32(n("attn_v.bias"), {HKV * DV}, oss));
-      ASSIGN_OR_RETURN(l.bo, g.get_f32(n("attn_output.bias"), {E}, oss));
-      ASSIGN_OR_RETURN(l.attn_sinks, g.get_f32(n("attn_sinks.weight"), {H}, oss));
-      const bool qk_norm = hp.arch == Arch::qwen3moe;
-      ASSIGN_OR_RETURN(l.q_norm, g.get_f32(n("attn_q_norm.weight"), {DK}, qk_norm));
-      ASSIGN_OR_RETURN(l.k_norm, g.get_f32(n("attn_k_norm.weight"), {DK}, qk_norm));
-    }
-
-    const bool dense = X == 0 || il < hp.n_layer_dense_lead;
-    if (dense) {
-      const int64_t F = hp.n_ff;
-      ASSIGN_OR_RETURN(l.ffn_gate, g.get(n("ffn_gate.weight"), {E, F}));
-      ASSIGN_OR_RETURN(l.ffn_up, g.get(n("ffn_up.weight"), {E, F}));
-      ASSIGN_OR_RETURN(l.ffn_down, g.get(n("ffn_down.weight"), {F, E}));
-      continue;
-    }
-    const int64_t FE = hp.n_ff_exp;
-    ASSIGN_OR_RETURN(l.router, g.get_f32(n("ffn_gate_inp.weight"), {E, X}));
-    ASSIGN_OR_RETURN(l.gate_exps, g.get(n("ffn_gate_exps.weight"), {E, FE, X}));
-    ASSIGN_OR_RETURN(l.up_exps, g.get(n("ffn_up_exps.weight"), {E, FE, X}));
-    ASSIGN_OR_RETURN(l.down_exps, g.get(n("ffn_down_exps.weight"), {FE, E, X}));
-    ASSIGN_OR_RETURN(l.router_b, g.get_f32(n("ffn_gate_inp.bias"), {X}, oss));
-    ASSIGN_OR_RETURN(l.gate_exps_b, g.get_f32(n("ffn_gate_exps.bias"), {FE, X}, oss));
-    ASSIGN_OR_RETURN(l.up_exps_b, g.get_f32(n("ffn_up_exps.bias"), {FE, X}, oss));
-    ASSIGN_OR_RETURN(l.down_exps_b, g.get_f32(n("ffn_down_exps.bias"), {E, X}, oss));
-    if (hp.arch == Arch::deepseek2) {
-      ASSIGN_OR_RETURN(l.exp_probs_b, g.get_f32(n("exp_probs_b.bias"), {X}, hp.gating == Gating::sigmoid));
-    }
-    if (hp.arch == Arch::deepseek4) {
-      const bool hash = il < hp.n_hash_layers;
-      ASSIGN_OR_RETURN(l.exp_probs_b, g.get_f32(n("exp_probs_b.bias"), {X}, !hash));
-      if (hash) {
-        ASSIGN_OR_RETURN(l.tid2eid, g.get(n("ffn_gate_tid2eid.weight"), {hp.n_expert_used, hp.n_vocab}, true, true));
-        const int32_t* table = reinterpret_cast<const int32_t*>(l.tid2eid.data);
-        for (int64_t i = 0; i < int64_t(hp.n_expert_used) * hp.n_vocab; ++i)
-          if (table[i] < 0 || table[i] >= hp.n_expert)
-            return Error{strfmt("%s: blk.%d.ffn_gate_tid2eid.weight holds expert %d (the model has %d)",
-                                f.name().c_str(), il, table[i], hp.n_expert)};
-      }
-    }
-    if (hp.n_ff_shexp > 0) {
-      const int64_t FS = hp.n_ff_shexp;
-      ASSIGN_OR_RETURN(l.gate_shexp, g.get(n("ffn_gate_shexp.weight"), {E, FS}));
-      ASSIGN_OR_RETURN(l.up_shexp, g.get(n("ffn_up_shexp.weight"), {E, FS}));
-      ASSIGN_OR_RETURN(l.down_shexp, g.get(n("ffn_down_shexp.weight"), {FS, E}));
-      ASSIGN_OR_RETURN(l.gate_inp_shexp, g.get_f32(n("ffn_gate_inp_shexp.weight"), {E}, false));
-    }
-  }
+  for (int il = 0; il < hp.n_layer; ++il) STRATA_TRY(load_layer(g, hp, il, m->layers[size_t(il)]));
+  load_mtp(g, *m);
   m->repacked_bytes = g.repacked_bytes;
   m->repack_seconds = g.repack_seconds;
   m->resident_bytes = g.resident_bytes;

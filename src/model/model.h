@@ -40,7 +40,7 @@ struct HParams {
   Arch arch = Arch::qwen3moe;
   std::string arch_name;
   int n_layer = 0;          // the main layers (block_count less the nextn layers)
-  int n_nextn_ignored = 0;  // multi-token-prediction layers in the file, not loaded (#13)
+  int n_nextn = 0;  // multi-token-prediction (nextn) layers in the file after the main ones
   int n_embd = 0;
   int n_vocab = 0;
   int n_ctx_train = 0;
@@ -125,6 +125,20 @@ struct LayerWeights {
   bool is_moe() const { return bool(gate_exps); }
 };
 
+// A multi-token-prediction (nextn) layer, as DeepSeek-V3 trains it and GGUF stores it (blk.N.*
+// with N = the main layer count): from the main model's last hidden row h_q (before the final
+// norm) and the embedding of token t_{q+1}, one more block of the main layers' kind computes a
+// row whose logits predict t_{q+2}:
+//   x = eh_proj [enorm(embed(t_{q+1})) ; hnorm(h_q)],  x = block(x) at position q,
+//   logits = head(head_norm(x)).
+struct MtpWeights {
+  int il = 0;  // its block index in the file (the first nextn layer)
+  LayerWeights block;
+  Weight eh_proj;                     // [2 n_embd] -> [n_embd]
+  Weight enorm, hnorm, head_norm;     // F32 [n_embd]
+  Weight embed, head;                 // its own embeddings and head, else the model's
+};
+
 class ExpertStore;
 class RoutingOverride;
 
@@ -149,6 +163,10 @@ class Model {
   Weight tok_embd, output_norm, output;
   Weight output_hc_fn, output_hc_base, output_hc_scale;  // deepseek4: streams -> one row
   std::vector<LayerWeights> layers;
+  // The first nextn layer, loaded when the file has one (speculative decoding's MTP drafter), else
+  // null with the reason in mtp_error.
+  std::unique_ptr<MtpWeights> mtp;
+  std::string mtp_error;
 
   // What load's repacking did: bytes of weights interleaved and the time it took.
   uint64_t repacked_bytes = 0;

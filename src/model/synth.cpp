@@ -612,7 +612,11 @@ Result<std::vector<GgufKv>> synth_metadata(const SynthShape& shape, SynthQuant q
                                     std::string(shape.name).c_str(),
                                     std::string(synth_quant_name(quant)).c_str(),
                                     static_cast<unsigned long long>(options.seed))));
-  add_arch_keys(kvs, shape, token_count(vocab));
+  SynthShape with_mtp = shape;  // block_count counts the nextn layers
+  with_mtp.n_layer += options.mtp_layers;
+  add_arch_keys(kvs, with_mtp, token_count(vocab));
+  if (options.mtp_layers > 0)
+    put(std::string(synth_arch_name(shape.arch)) + ".nextn_predict_layers", GgufValue::make_u32(options.mtp_layers));
   for (GgufKv& kv : vocab) kvs.push_back(std::move(kv));
   put("general.quantization_version", GgufValue::make_u32(2));
   put("general.file_type", GgufValue::make_u32(file_type(quant)));
@@ -621,6 +625,8 @@ Result<std::vector<GgufKv>> synth_metadata(const SynthShape& shape, SynthQuant q
 
 Result<SynthPlan> build_synth_plan(const SynthShape& shape, SynthQuant quant,
                                    const SynthOptions& options) {
+  if (options.mtp_layers > 0 && shape.arch == SynthArch::deepseek4)
+    return Error{"multi-token-prediction layers are not built for deepseek4"};
   auto kvs = synth_metadata(shape, quant, options);
   if (!kvs) return kvs.error();
   SynthPlan plan;
@@ -638,7 +644,14 @@ Result<SynthPlan> build_synth_plan(const SynthShape& shape, SynthQuant quant,
     b.bias("output_hc_base.weight", {S});
     b.norm("output_hc_scale.weight", 1);
   }
-  for (int l = 0; l < int(shape.n_layer); ++l) {
+  for (int l = 0; l < int(shape.n_layer + options.mtp_layers); ++l) {
+    if (l >= int(shape.n_layer)) {  // a nextn layer: its input projection and norms, then the block
+      const uint64_t d = shape.n_embd;
+      b.weight(b.blk(l, "nextn.eh_proj.weight"), {2 * d, d}, 2 * d);
+      b.norm(b.blk(l, "nextn.enorm.weight"), d);
+      b.norm(b.blk(l, "nextn.hnorm.weight"), d);
+      b.norm(b.blk(l, "nextn.shared_head_norm.weight"), d);
+    }
     switch (shape.arch) {
       case SynthArch::qwen3moe:
         add_qwen3moe_layer(b, shape, l);

@@ -126,6 +126,10 @@ struct SynthTensorFill {
 struct SynthOptions {
   uint64_t seed = 1;
   std::string vocab_path;  // a GGUF whose tokenizer.* keys are copied; empty: generated
+  // Multi-token-prediction (nextn) layers after the main ones, as DeepSeek-V3 and GLM-4.5 ship
+  // them: a block of the main layers' kind plus nextn.{eh_proj, enorm, hnorm, shared_head_norm};
+  // block_count counts them and nextn_predict_layers says how many. Not for deepseek4.
+  uint32_t mtp_layers = 0;
 };
 
 // A synthetic model ready to be written: the header and how to draw every tensor's bytes.
