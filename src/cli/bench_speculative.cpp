@@ -179,6 +179,38 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
     c.roofline = std::max({c.memory_s, c.compute_s, c.nvme_s});
     costs.push_back(c);
   }
+  // the MTP drafter's cost: after one plain step, draft(k) = a pass of the MTP layer over the new
+  // position (with the head) plus k - 1 chained passes
+  std::vector<double> mtp_draft_s;  // [k - 1]
+  if (m.mtp != nullptr) {
+    Session ms(m, int(ctx), cpu::MatmulPath::quantized, loaded.config.kv_type);
+    auto made = MtpDrafter::create(ms);
+    if (!made) {
+      std::fprintf(stderr, "strata bench: %s\n", made.error().message.c_str());
+      return 1;
+    }
+    std::vector<int32_t> history = random_tokens(std::max(1, o.depth) + 1);
+    auto eval_status = [&](std::span<const int32_t> t) -> Status {
+      auto l = ms.eval(t);
+      return l ? Status::success() : Status(l.error());
+    };
+    Status st = eval_status(std::span<const int32_t>(history.data(), history.size() - 1));
+    for (int k = 1; st && k <= o.max_k; ++k) {
+      double sum = 0;
+      for (int step = -1; st && step < o.steps; ++step) {  // one untimed
+        st = eval_status(std::span<const int32_t>(&history.back(), 1));
+        history.push_back(random_tokens(1)[0]);
+        const auto t = std::chrono::steady_clock::now();
+        (*made)->draft(history, k);
+        if (step >= 0) sum += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+      }
+      mtp_draft_s.push_back(sum / o.steps);
+    }
+    if (!st) {
+      std::fprintf(stderr, "strata bench: %s\n", st.error().message.c_str());
+      return 1;
+    }
+  }
   const double t0 = costs[0].seconds;
   const double layers = double(std::max<uint64_t>(1, sm.n_moe_layers));
   const std::vector<double> rates = {0.3, 0.5, 0.6, 0.7, 0.8, 0.9};
@@ -207,6 +239,8 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
     }
     for (size_t i = 0; i < rates.size(); ++i)
       j["speedup"].push_back({{"acceptance", rates[i]}, {"best_k", best[i].first}, {"speedup", best[i].second}});
+    for (size_t i = 0; i < mtp_draft_s.size(); ++i)
+      j["mtp_draft"].push_back({{"k", i + 1}, {"seconds", mtp_draft_s[i]}, {"vs_plain_step", mtp_draft_s[i] / t0}});
     for (const EndToEnd& e : e2e)
       j["end_to_end"].push_back({{"run", e.what}, {"tps", e.tps}, {"vs_plain", e.vs_plain}, {"steps", e.r.n_steps},
                                  {"drafted", e.r.n_drafted}, {"accepted", e.r.n_accepted}});
@@ -231,6 +265,11 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
   std::printf("\nspeed-up over plain decoding by acceptance rate (per drafted token), best k on this curve:\n");
   for (size_t i = 0; i < rates.size(); ++i)
     std::printf("  acceptance %.1f: k = %d, %.2fx\n", rates[i], best[i].first, best[i].second);
+  if (!mtp_draft_s.empty()) {
+    std::printf("\nMTP drafts (the model's nextn layer), after one plain step, mean of %d:\n", o.steps);
+    for (size_t i = 0; i < mtp_draft_s.size(); ++i)
+      std::printf("  k = %zu: %7.2f ms, %.3f of a plain step\n", i + 1, 1e3 * mtp_draft_s[i], mtp_draft_s[i] / t0);
+  }
   if (!e2e.empty())
     std::printf("\nend to end, %d tokens after a %d-token prompt, adaptive k <= %d:\n", o.gen_tokens, std::max(1, o.depth),
                 o.max_k);
