@@ -132,7 +132,7 @@ const int kRegistered = [] {
           ->UseRealTime()
           ->MinTime(1.0);
       if (type != GgmlType::q4_k && type != GgmlType::q6_k && type != GgmlType::q8_0) continue;
-      for (int64_t n_tok : {2, 4, 9}) {
+      for (int64_t n_tok : {2, 4, 5, 8, 9}) {
         benchmark::RegisterBenchmark((name + "/tokens:" + std::to_string(n_tok)).c_str(), BM_matmul_backend, type,
                                      s.n_in, s.n_out, n_tok)
             ->Unit(benchmark::kMicrosecond)

@@ -439,8 +439,10 @@ void gemv_q4K_interleaved(int64_t nsb, const uint8_t* group, const uint8_t* a, c
 
 // A few tokens (speculative verification, small batches) on interleaved Q4_K: the decode kernel's
 // loads and nibble splits shared by T tokens, each with its own sums; the scales are applied per
-// pair of sub-blocks so that 3 T accumulators stay in registers. The panel path unpacks tiles to
-// memory first, which cost as much as a second pass over the weights at 2-8 tokens.
+// pair of sub-blocks so that 3 T accumulators are live (in registers up to T = 4; up to 8, the
+// spills cost less than a second pass that decodes the weights again: 5 tokens in 274-288 us
+// against 284-328 us as 4 + 1, 4096 x 4096). The panel path unpacks tiles to memory first, which
+// cost as much as a second pass over the weights at 2-8 tokens.
 template <int T>
 void gemv_q4K_interleaved_tokens(int64_t nsb, const uint8_t* group, const uint8_t* a, size_t a_stride,
                                  const int32_t* pairs, size_t pairs_stride, float* y, int64_t ldy) {
@@ -505,10 +507,13 @@ void gemv_q4K_interleaved_tokens(int64_t nsb, const uint8_t* group, const uint8_
 
 // Up to this many tokens (a speculative verification step), every kernel computes each token
 // exactly as it computes one token alone, so that a batch's results are bit-identical to one-token
-// decoding: interleaved Q4_K and Q6_K take the fused kernels (blocks of 4 and 3 tokens, integer
+// decoding: interleaved Q4_K and Q6_K take the fused kernels (blocks of 8 and 6 tokens, integer
 // sums exact), the 32-element formats their decode kernel per token, floats blocks of 2 tokens.
 // Above it, the panels.
 constexpr int64_t kFusedMaxTokens = kBatchInvariantTokens;
+// Tokens one pass of the fused kernels serves (more are served in further passes over the same
+// rows, from cache, each decoding the weights again).
+constexpr int64_t kQ4KFusedTokens = 8, kQ6KFusedTokens = 6;
 
 // Tiles of Q4_K / Q5_K over 16 rows at a time from `Rows` (FileRows, or Interleaved: w the start
 // of a group, n_rows a multiple of 16). One token on interleaved Q4_K goes to the fused decode
@@ -528,11 +533,15 @@ void gemm_q45K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const 
         continue;
       }
       if (n_tok <= kFusedMaxTokens) {
-        for (int64_t t0 = 0; t0 < n_tok; t0 += 4) {
+        for (int64_t t0 = 0; t0 < n_tok; t0 += kQ4KFusedTokens) {
           const uint8_t* at = ab + size_t(t0) * a_stride;
           const int32_t* pt = pairs.data() + size_t(t0 * nsb) * 4;
           float* yt = y + t0 * ldy + r0;
-          switch (std::min<int64_t>(4, n_tok - t0)) {
+          switch (std::min<int64_t>(kQ4KFusedTokens, n_tok - t0)) {
+            case 8: gemv_q4K_interleaved_tokens<8>(nsb, rows.group, at, a_stride, pt, size_t(nsb) * 4, yt, ldy); break;
+            case 7: gemv_q4K_interleaved_tokens<7>(nsb, rows.group, at, a_stride, pt, size_t(nsb) * 4, yt, ldy); break;
+            case 6: gemv_q4K_interleaved_tokens<6>(nsb, rows.group, at, a_stride, pt, size_t(nsb) * 4, yt, ldy); break;
+            case 5: gemv_q4K_interleaved_tokens<5>(nsb, rows.group, at, a_stride, pt, size_t(nsb) * 4, yt, ldy); break;
             case 4: gemv_q4K_interleaved_tokens<4>(nsb, rows.group, at, a_stride, pt, size_t(nsb) * 4, yt, ldy); break;
             case 3: gemv_q4K_interleaved_tokens<3>(nsb, rows.group, at, a_stride, pt, size_t(nsb) * 4, yt, ldy); break;
             case 2: gemv_q4K_interleaved_tokens<2>(nsb, rows.group, at, a_stride, pt, size_t(nsb) * 4, yt, ldy); break;
@@ -745,7 +754,8 @@ void gemv_q6K_interleaved(const Q6Interleaved& src, const uint8_t* a, float* y) 
 // A few tokens on interleaved Q6_K (as gemv_q4K_interleaved_tokens for Q4_K): the loads and the
 // six-bit assembly shared by T tokens. Each half of a 128-element chunk touches four sub-blocks
 // (8n + j, + 2, + 4, + 6 for half j), whose sums are scaled into the token's total after it, so
-// 5 T accumulators stay in registers.
+// 5 T accumulators are live (all in registers up to T = 3; up to 6 the spills cost less than
+// decoding the weights again).
 template <int T>
 void gemv_q6K_interleaved_tokens(const Q6Interleaved& src, const uint8_t* a, size_t a_stride, float* y, int64_t ldy) {
   const int64_t nsb = src.nsb;
@@ -824,10 +834,13 @@ void gemm_q6K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const v
         continue;
       }
       if (n_tok <= kFusedMaxTokens) {
-        for (int64_t t0 = 0; t0 < n_tok; t0 += 3) {
+        for (int64_t t0 = 0; t0 < n_tok; t0 += kQ6KFusedTokens) {
           const uint8_t* at = ab + size_t(t0) * a_stride;
           float* yt = y + t0 * ldy + r0;
-          switch (std::min<int64_t>(3, n_tok - t0)) {
+          switch (std::min<int64_t>(kQ6KFusedTokens, n_tok - t0)) {
+            case 6: gemv_q6K_interleaved_tokens<6>(rows, at, a_stride, yt, ldy); break;
+            case 5: gemv_q6K_interleaved_tokens<5>(rows, at, a_stride, yt, ldy); break;
+            case 4: gemv_q6K_interleaved_tokens<4>(rows, at, a_stride, yt, ldy); break;
             case 3: gemv_q6K_interleaved_tokens<3>(rows, at, a_stride, yt, ldy); break;
             case 2: gemv_q6K_interleaved_tokens<2>(rows, at, a_stride, yt, ldy); break;
             default: gemv_q6K_interleaved(rows, at, yt); break;
