@@ -1,0 +1,152 @@
+#include "gpu/vram_cache.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace strata::gpu {
+
+VramExpertCache::VramExpertCache(SimDevice& dev, uint64_t slot_bytes, int n_layer, int n_expert, VramCacheParams p)
+    : dev_(dev), slot_bytes_(slot_bytes), n_layer_(n_layer), n_expert_(n_expert), p_(p) {
+  heat_.assign(size_t(n_layer) * size_t(n_expert), 0.0);
+  where_.assign(heat_.size(), -1);
+  copy_stream_ = dev.new_stream();
+}
+
+VramExpertCache::~VramExpertCache() {
+  for (Slot& s : slots_) dev_.free(s.buf);
+  for (SimDevice::Buffer& b : kv_) dev_.free(b);
+  if (scratch_.id >= 0) dev_.free(scratch_);
+  if (fixed_.id >= 0) dev_.free(fixed_);
+}
+
+Result<std::unique_ptr<VramExpertCache>> VramExpertCache::create(SimDevice& dev, uint64_t fixed_bytes,
+                                                                 uint64_t scratch_bytes, uint64_t slot_bytes,
+                                                                 int n_layer, int n_expert, VramCacheParams params) {
+  STRATA_CHECK(slot_bytes > 0 && n_layer > 0 && n_expert > 0, "VramExpertCache: empty shape");
+  const uint64_t need = fixed_bytes + scratch_bytes;
+  if (need > dev.capacity() - dev.used())
+    return Error{strfmt("budgets.vram: %s cannot hold what every token needs on the GPU: %s (%s of weights, %s of "
+                        "scratch); raise the budget to at least that or run without a GPU",
+                        format_size(dev.capacity() - dev.used()).c_str(), format_size(need).c_str(),
+                        format_size(fixed_bytes).c_str(), format_size(scratch_bytes).c_str())};
+  std::unique_ptr<VramExpertCache> c(new VramExpertCache(dev, slot_bytes, n_layer, n_expert, params));
+  if (fixed_bytes > 0) c->fixed_ = *dev.alloc(fixed_bytes);
+  if (scratch_bytes > 0) c->scratch_ = *dev.alloc(scratch_bytes);
+  c->grow_slots();
+  return c;
+}
+
+void VramExpertCache::grow_slots() {
+  while (dev_.capacity() - dev_.used() >= slot_bytes_) {
+    Slot s;
+    s.buf = *dev_.alloc(slot_bytes_);
+    slots_.push_back(s);
+  }
+}
+
+int64_t VramExpertCache::n_resident() const {
+  return std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.key >= 0; });
+}
+
+int VramExpertCache::coldest_slot() const {
+  int best = -1;
+  double best_heat = 0;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const double h = slots_[i].key < 0 ? -1.0 : heat_[size_t(slots_[i].key)];
+    if (best < 0 || h < best_heat) {
+      best = int(i);
+      best_heat = h;
+    }
+  }
+  return best;
+}
+
+void VramExpertCache::drop_slot(size_t i) {
+  Slot& s = slots_[i];
+  if (s.key >= 0) {
+    where_[size_t(s.key)] = -1;
+    ++evictions_;
+  }
+  dev_.free(s.buf);
+  slots_.erase(slots_.begin() + long(i));
+  for (int& w : where_)  // slots after i moved down by one
+    if (w > int(i)) --w;
+}
+
+Status VramExpertCache::set_kv_bytes(uint64_t bytes) {
+  const uint64_t chunks = (bytes + slot_bytes_ - 1) / slot_bytes_;
+  // what the arena can give the KV cache with every expert evicted
+  const uint64_t room = dev_.capacity() - dev_.used() + uint64_t(slots_.size()) * slot_bytes_ + kv_.size() * slot_bytes_;
+  if (chunks * slot_bytes_ > room)
+    return Error{strfmt("VRAM: the KV cache needs %s, but only %s is left beside the fixed weights and scratch",
+                        format_size(chunks * slot_bytes_).c_str(), format_size(room).c_str())};
+  while (kv_.size() > chunks) {  // shrink: the room becomes slots again
+    dev_.free(kv_.back());
+    kv_.pop_back();
+  }
+  while (kv_.size() < chunks) {  // grow: the coldest experts make room
+    if (dev_.capacity() - dev_.used() < slot_bytes_) drop_slot(size_t(coldest_slot()));
+    kv_.push_back(*dev_.alloc(slot_bytes_));
+  }
+  kv_bytes_ = bytes;
+  grow_slots();
+  return Status::success();
+}
+
+void VramExpertCache::observe(int layer, std::span<const int32_t> ids) {
+  STRATA_CHECK(layer >= 0 && layer < n_layer_, "VramExpertCache: layer out of range");
+  for (int32_t e : ids) {
+    STRATA_CHECK(e >= 0 && e < n_expert_, "VramExpertCache: expert out of range");
+    heat_[size_t(layer) * size_t(n_expert_) + size_t(e)] += 1.0;
+  }
+}
+
+int VramExpertCache::end_step(const HostBytes& host) {
+  for (double& h : heat_) h *= p_.decay;
+  if (slots_.empty()) return 0;
+  // candidates: the hottest non-resident experts, hottest first
+  std::vector<int> order(heat_.size());
+  std::iota(order.begin(), order.end(), 0);
+  const size_t n_cand = std::min<size_t>(order.size(), size_t(p_.max_promotions) + slots_.size());
+  std::partial_sort(order.begin(), order.begin() + long(n_cand), order.end(),
+                    [&](int a, int b) { return heat_[size_t(a)] > heat_[size_t(b)]; });
+  int done = 0;
+  for (size_t c = 0; c < n_cand && done < p_.max_promotions; ++c) {
+    const int key = order[c];
+    if (where_[size_t(key)] >= 0 || heat_[size_t(key)] <= 0) continue;
+    const int victim = coldest_slot();
+    Slot& s = slots_[size_t(victim)];
+    if (s.key >= 0) {
+      if (heat_[size_t(key)] <= (1.0 + p_.hysteresis) * heat_[size_t(s.key)]) break;  // no hotter candidates follow
+      where_[size_t(s.key)] = -1;
+      ++evictions_;
+    }
+    // the copy waits for every kernel that read the slot's previous expert
+    dev_.wait(copy_stream_, s.last_read);
+    dev_.copy_h2d(copy_stream_, s.buf, 0, host(key / n_expert_, key % n_expert_), slot_bytes_);
+    s.ready = dev_.record(copy_stream_);
+    s.key = key;
+    where_[size_t(key)] = victim;
+    ++promotions_;
+    ++done;
+  }
+  return done;
+}
+
+int VramExpertCache::ready_slot(int layer, int expert, int stream) const {
+  const int slot = where_[size_t(layer) * size_t(n_expert_) + size_t(expert)];
+  if (slot < 0) return -1;
+  const double now = std::max(dev_.record(stream), dev_.host_time());
+  return slots_[size_t(slot)].ready <= now ? slot : -1;
+}
+
+void VramExpertCache::run(int stream, int slot, double seconds, const std::function<void()>& fn) {
+  Slot& s = slots_[size_t(slot)];
+  if (s.ready > std::max(dev_.record(stream), dev_.host_time())) ++stalls_;
+  dev_.wait(stream, s.ready);
+  const int reads[] = {s.buf.id};
+  dev_.launch(stream, reads, seconds, fn);
+  s.last_read = std::max(s.last_read, dev_.record(stream));
+}
+
+}  // namespace strata::gpu
