@@ -100,6 +100,10 @@ struct HostExperts {
     }
   }
   const uint8_t* get(int layer, int expert) const { return bytes[size_t(layer * n_expert + expert)].data(); }
+  // the cache's HostBytes: one piece
+  std::vector<std::span<const uint8_t>> pieces(int layer, int expert) const {
+    return {std::span<const uint8_t>(get(layer, expert), slot_bytes)};
+  }
 };
 
 // A decode loop on the simulated device: per step and layer, the routed experts that are ready
@@ -128,7 +132,7 @@ double run_steps(VramExpertCache& c, SimDevice& dev, SkewedRouting& r, const Hos
       // of copies after the kernels that read a slot must come from the cache's events.
       dev.wait(gpu, dev.host_time());
     }
-    max_promotions_in_a_step = std::max(max_promotions_in_a_step, c.end_step([&](int l, int e) { return host.get(l, e); }));
+    max_promotions_in_a_step = std::max(max_promotions_in_a_step, c.end_step([&](int l, int e) { return host.pieces(l, e); }));
   }
   return uses > 0 ? double(served) / double(uses) : 0;
 }
@@ -179,7 +183,7 @@ TEST(VramCache, APromotedExpertServesOnlyOnceItsCopyHasLanded) {
   VramExpertCache& c = **made;
   HostExperts host(1, 4, sb);
   c.observe(0, std::vector<int32_t>{2});
-  ASSERT_EQ(c.end_step([&](int l, int e) { return host.get(l, e); }), 1);
+  ASSERT_EQ(c.end_step([&](int l, int e) { return host.pieces(l, e); }), 1);
   const int gpu = dev.new_stream();
   EXPECT_TRUE(c.resident(0, 2));
   EXPECT_EQ(c.ready_slot(0, 2, gpu), -1);
@@ -205,7 +209,7 @@ TEST(VramCache, KvCacheTakesRoomFromTheColdestExpertsAndGivesItBack) {
   for (int e = 0; e < X; ++e)
     for (int n = 0; n <= e; ++n) c.observe(0, std::vector<int32_t>{e});
   for (int e = 0; e < X; ++e) c.observe(1, std::vector<int32_t>{e});
-  c.end_step([&](int l, int e) { return host.get(l, e); });
+  c.end_step([&](int l, int e) { return host.pieces(l, e); });
   ASSERT_EQ(c.n_resident(), 16);
   // the KV cache grows by 5 slots' worth: the 5 coldest residents go, the hottest stay
   ASSERT_TRUE(c.set_kv_bytes(5 * sb - 100).ok());
@@ -221,7 +225,7 @@ TEST(VramCache, KvCacheTakesRoomFromTheColdestExpertsAndGivesItBack) {
   // the KV cache shrinks: the room is slots again, refilled by the next promotions
   ASSERT_TRUE(c.set_kv_bytes(sb).ok());
   EXPECT_EQ(c.n_slots(), 15);
-  c.end_step([&](int l, int e) { return host.get(l, e); });
+  c.end_step([&](int l, int e) { return host.pieces(l, e); });
   EXPECT_EQ(c.n_resident(), 15);
   EXPECT_TRUE(dev.overlaps().empty());
 }

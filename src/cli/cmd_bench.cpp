@@ -23,6 +23,7 @@
 #include "engine/session.h"
 #include "model/trace_routing.h"
 #include "storage/disk_probe.h"
+#include "gpu/gpu_tier.h"
 #include "storage/expert_store.h"
 
 namespace strata::cli {
@@ -298,6 +299,7 @@ int run_bench(const BenchOptions& o) {
   } else {
     std::printf("\ndecode roofline of this model: %s read per token\n", format_bytes(double(sm.active_bytes_per_token)).c_str());
   }
+  if (m.gpu_tier) std::fprintf(stderr, "strata bench: %s\n", m.gpu_tier->summary().c_str());
   return 0;
 }
 

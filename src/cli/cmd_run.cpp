@@ -10,6 +10,7 @@
 #include "engine/generate.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
+#include "gpu/gpu_tier.h"
 #include "model/model.h"
 #include "model/model_info.h"
 #include "model/tokenizer.h"
@@ -86,6 +87,7 @@ int run_generate(RunOptions o) {
                r->n_generated, r->decode_seconds,
                r->n_generated > 1 ? (r->n_generated - 1) / r->decode_seconds : 0.0, r->stop_reason,
                o.sampling.seed);
+  if (m.gpu_tier) std::fprintf(stderr, "strata run: %s\n", m.gpu_tier->summary().c_str());
   if (o.gen.drafter != nullptr)
     std::fprintf(stderr, "strata run: speculative (%s): %d decode steps, %d tokens drafted, %d accepted (%.0f%%)\n",
                  o.gen.drafter->name().c_str(), r->n_steps, r->n_drafted, r->n_accepted,

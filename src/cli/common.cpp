@@ -7,6 +7,7 @@
 
 #include "cpu/thread_pool.h"
 #include "gpu/gpu_devices.h"
+#include "gpu/gpu_tier.h"
 #include "storage/expert_store.h"
 
 namespace strata::cli {
@@ -102,6 +103,19 @@ Result<Loaded> load_model(const CommonOptions& o, const char* cmd) {
     how = strfmt("%s resident, routed experts streamed: %" PRId64 " slots of %.1f MiB, %s",
                  format_bytes(double((*m)->resident_bytes)).c_str(), st.n_slots(), double(st.slot_bytes()) / 0x1p20,
                  std::string(st.read_method()).c_str());
+  }
+  if (c.gpu_simulate && c.vram_budget > 0) {
+    if (stream) return Error{"gpu.simulate with routed experts streamed from NVMe (budgets.ram below the model) is not built"};
+    GpuTier::Options go;
+    go.vram_bytes = c.vram_budget;
+    if (c.hardware.pcie_h2d_gbps > 0) go.pcie_gbps = c.hardware.pcie_h2d_gbps;
+    if (c.hardware.gpu_gbps > 0) go.vram_gbps = c.hardware.gpu_gbps;
+    auto tier = GpuTier::create_simulated(**m, go);
+    if (!tier) return Error{"config " + c.source + ": " + tier.error().message};
+    (*m)->gpu_tier = std::move(*tier);
+    const GpuTier::Stats st = (*m)->gpu_tier->stats();
+    how += strfmt(", simulated GPU: %" PRId64 " expert slots of %s for %" PRId64 " experts", st.slots,
+                  format_size(st.slot_bytes).c_str(), st.n_experts);
   }
   if ((*m)->repacked_bytes > 0)
     how += strfmt(", %s repacked in %.2f s", format_bytes(double((*m)->repacked_bytes)).c_str(), (*m)->repack_seconds);

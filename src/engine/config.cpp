@@ -140,6 +140,12 @@ const std::vector<KeySpec>& key_specs() {
        }},
       {"budgets", "vram", "GPU memory strata may use (0: no GPU tier)",
        [](const toml::node& n, Config& c) { return read_size(n, c.vram_budget); }},
+      {"gpu", "simulate", "run the GPU tier's expert cache on the simulated device (host memory under budgets.vram)",
+       [](const toml::node& n, Config& c) -> std::optional<std::string> {
+         if (!n.is_boolean()) return "must be true or false, got " + describe(n);
+         c.gpu_simulate = *n.value<bool>();
+         return std::nullopt;
+       }},
       {"cpu", "threads", "compute threads (0: one per physical core)",
        [](const toml::node& n, Config& c) { return read_int(n, 0, 4096, c.threads); }},
       {"cpu", "pin", "pin compute threads to cores (hwloc)",
@@ -367,7 +373,13 @@ Result<BudgetCheck> check_budgets(const Config& c, const ModelSummary& s, uint64
   BudgetCheck out;
   out.load = c.load;
   const std::string where = "config " + c.source + ": ";
-  if (c.vram_budget > 0) {
+  if (c.gpu_simulate && c.vram_budget == 0)
+    return Error{where + "gpu.simulate is on but budgets.vram is 0; give the simulated GPU a budget"};
+  if (c.vram_budget > 0 && c.gpu_simulate) {
+    out.notes.push_back("budgets.vram: " + format_size(c.vram_budget) +
+                        " on the simulated device (gpu.simulate): routed experts cached there are computed by the "
+                        "CPU kernels from their VRAM copy; attention and dense weights stay on the CPU (docs/gpu.md)");
+  } else if (c.vram_budget > 0) {
     if (n_gpus == 0) {
       return Error{where + "budgets.vram is " + format_size(c.vram_budget) +
                    " but this machine has no usable GPU; set budgets.vram = 0 (or use configs/cpu-only.toml)"};

@@ -59,6 +59,9 @@ struct Config {
   std::optional<uint64_t> ram_budget;
   uint64_t vram_budget = 0;
 
+  // [gpu]
+  bool gpu_simulate = false;  // the GPU tier on the simulated device (docs/gpu.md)
+
   // [cpu]
   int threads = 0;  // 0: one per physical core
   bool pin = true;

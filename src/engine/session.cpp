@@ -4,6 +4,7 @@
 #include <cinttypes>
 #include <cmath>
 
+#include "gpu/gpu_tier.h"
 #include "model/forward.h"
 #include "storage/expert_store.h"
 
@@ -32,7 +33,19 @@ Status run_forward(const Model& m, const cpu::CpuBackend& be, std::span<const Se
   }
   return m.expert_store ? m.expert_store->take_error() : Status::success();
 }
+
+// The GPU tier after a forward pass: the sessions' KV cache use, then the step's promotions.
+void gpu_step(const Model& m, std::span<Session* const> sessions) {
+  if (!m.gpu_tier) return;
+  const uint64_t per_token = kv_bytes_per_token(m.hparams(), sessions[0]->kv_type());
+  for (Session* s : sessions) m.gpu_tier->set_kv(s, per_token * uint64_t(s->n_past()));
+  m.gpu_tier->end_step();
+}
 }  // namespace
+
+Session::~Session() {
+  if (model_.gpu_tier) model_.gpu_tier->set_kv(this, 0);
+}
 
 Session::Session(const Model& model, int n_ctx, cpu::MatmulPath path, KvType kv)
     : model_(model), backend_(path) {
@@ -75,6 +88,8 @@ Result<std::vector<float>> Session::eval(std::span<const int32_t> tokens, bool a
     hidden_.insert(hidden_.end(), hidden.begin(), hidden.end());
   }
   n_past_ += n;
+  Session* self = this;
+  gpu_step(model_, std::span<Session* const>(&self, 1));
   return logits;
 }
 
@@ -119,6 +134,7 @@ Result<std::vector<float>> Session::eval_batch(std::span<Session* const> session
   std::vector<float> logits(sessions.size() * size_t(hp.n_vocab));
   STRATA_TRY(run_forward(m, sessions[0]->backend_, seqs, all.data(), false, logits.data()));
   for (size_t s = 0; s < sessions.size(); ++s) sessions[s]->n_past_ += int64_t(tokens[s].size());
+  gpu_step(m, sessions);
   return logits;
 }
 

@@ -18,6 +18,9 @@ class Session {
   // kv: the KV cache entries; the exact path always keeps float (it is the oracle).
   Session(const Model& model, int n_ctx, cpu::MatmulPath path = cpu::MatmulPath::quantized,
           KvType kv = KvType::f16);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
 
   // Evaluates `tokens` at positions n_past() .. and appends them to the cache. Returns the logits
   // of every token ([n][n_vocab]) when all_logits, else those of the last token ([n_vocab]).

@@ -76,7 +76,7 @@ void VramExpertCache::drop_slot(size_t i) {
 Status VramExpertCache::set_kv_bytes(uint64_t bytes) {
   const uint64_t chunks = (bytes + slot_bytes_ - 1) / slot_bytes_;
   // what the arena can give the KV cache with every expert evicted
-  const uint64_t room = dev_.capacity() - dev_.used() + uint64_t(slots_.size()) * slot_bytes_ + kv_.size() * slot_bytes_;
+  const uint64_t room = max_kv_bytes();
   if (chunks * slot_bytes_ > room)
     return Error{strfmt("VRAM: the KV cache needs %s, but only %s is left beside the fixed weights and scratch",
                         format_size(chunks * slot_bytes_).c_str(), format_size(room).c_str())};
@@ -123,7 +123,12 @@ int VramExpertCache::end_step(const HostBytes& host) {
     }
     // the copy waits for every kernel that read the slot's previous expert
     dev_.wait(copy_stream_, s.last_read);
-    dev_.copy_h2d(copy_stream_, s.buf, 0, host(key / n_expert_, key % n_expert_), slot_bytes_);
+    uint64_t at = 0;
+    for (std::span<const uint8_t> piece : host(key / n_expert_, key % n_expert_)) {
+      dev_.copy_h2d(copy_stream_, s.buf, at, piece.data(), piece.size());
+      at += piece.size();
+    }
+    STRATA_CHECK(at <= slot_bytes_, "VramExpertCache: an expert's pieces overflow its slot");
     s.ready = dev_.record(copy_stream_);
     s.key = key;
     where_[size_t(key)] = victim;

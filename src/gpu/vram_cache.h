@@ -50,12 +50,17 @@ class VramExpertCache {
   // not fit even with every expert evicted; nothing changes then.
   Status set_kv_bytes(uint64_t bytes);
   uint64_t kv_bytes() const { return kv_bytes_; }
+  // The largest KV part the arena can give (every expert evicted), in whole slots' worth.
+  uint64_t max_kv_bytes() const {
+    return ((dev_.capacity() - dev_.used()) / slot_bytes_ + slots_.size() + kv_.size()) * slot_bytes_;
+  }
 
   // One layer's routing in this step: ids of the chosen experts (any count, repeats count twice).
   void observe(int layer, std::span<const int32_t> ids);
   // Ends a step: counts decay, and promotions are issued (returns how many). host(layer, expert)
-  // gives the expert's slot_bytes in host memory.
-  using HostBytes = std::function<const uint8_t*(int layer, int expert)>;
+  // gives the expert's bytes in host memory, in pieces (its gate, up and down matrices) that are
+  // copied one after the other into the slot, slot_bytes in all.
+  using HostBytes = std::function<std::vector<std::span<const uint8_t>>(int layer, int expert)>;
   int end_step(const HostBytes& host);
 
   // The slot that can serve (layer, expert) for a kernel on `stream` now: resident, and its copy

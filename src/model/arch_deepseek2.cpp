@@ -137,7 +137,8 @@ void deepseek2_block(const Model& m, const cpu::CpuBackend& be, std::span<const 
     }
     {
       prof::Span span(prof::Part::experts, il);
-      moe_ffn(be, l, routing, h, n_tok, E, y, {}, main_layer ? m.expert_store.get() : nullptr, il);
+      moe_ffn(be, l, routing, h, n_tok, E, y, {}, main_layer ? m.expert_store.get() : nullptr, il,
+              main_layer ? m.gpu_tier.get() : nullptr);
     }
     if (l.gate_shexp) {
       prof::Span span(prof::Part::shared_ffn, il);

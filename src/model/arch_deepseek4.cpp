@@ -381,7 +381,7 @@ void forward_deepseek4(const Model& m, const cpu::CpuBackend& be, std::span<cons
     {
       prof::Span span(prof::Part::experts, il);
       const GluParams glu{.kind = GluKind::silu_clamp, .limit = hp.clamp_exp[size_t(il)]};
-      moe_ffn(be, l, routing, h.data(), n_tok, E, y.data(), glu, m.expert_store.get(), il);
+      moe_ffn(be, l, routing, h.data(), n_tok, E, y.data(), glu, m.expert_store.get(), il, m.gpu_tier.get());
     }
     {
       prof::Span span(prof::Part::shared_ffn, il);

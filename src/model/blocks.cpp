@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <optional>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -13,6 +15,7 @@
 #include "cpu/kernels.h"
 #include "cpu/quant_traits.h"
 #include "cpu/thread_pool.h"
+#include "gpu/gpu_tier.h"
 #include "storage/expert_store.h"
 
 namespace strata {
@@ -374,7 +377,7 @@ void swiglu_ffn(const cpu::CpuBackend& be, const Weight& gate, const Weight& up,
 }
 
 void moe_ffn(const cpu::CpuBackend& be, const LayerWeights& l, const Routing& r, const float* h, int64_t n_tok, int64_t n_embd,
-             float* out, const GluParams& glu, ExpertStore* store, int layer) {
+             float* out, const GluParams& glu, ExpertStore* store, int layer, GpuTier* gpu) {
   std::fill(out, out + n_tok * n_embd, 0.0f);
   const int64_t n_exp = l.gate_exps.n_mat;
   // the active experts in id order, each with its tokens in token order
@@ -411,16 +414,27 @@ void moe_ffn(const cpu::CpuBackend& be, const LayerWeights& l, const Routing& r,
     return f;
   };
   if (store == nullptr) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (gpu != nullptr) gpu->observe(layer, std::span<const int32_t>(r.ids.data(), size_t(n_tok * r.k)));
     std::vector<FfnWork> sorted;
     sorted.reserve(ids.size());
     for (int32_t e : ids) {
       FfnWork f = work(e);
-      f.gate = l.gate_exps.slice(e);
-      f.up = l.up_exps.slice(e);
-      f.down = l.down_exps.slice(e);
+      const std::optional<GpuTier::Views> v = gpu != nullptr ? gpu->on_gpu(l, layer, e) : std::nullopt;
+      if (v) {  // from its VRAM slot (the simulated device computes it with the same kernels)
+        gpu->ran_on_gpu(v->slot, int64_t(f.tokens.size()));
+        f.gate = v->gate;
+        f.up = v->up;
+        f.down = v->down;
+      } else {
+        f.gate = l.gate_exps.slice(e);
+        f.up = l.up_exps.slice(e);
+        f.down = l.down_exps.slice(e);
+      }
       sorted.push_back(std::move(f));
     }
     run_ffns(be, sorted, h, n_tok, glu, out);
+    if (gpu != nullptr) gpu->layer_done(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return;
   }
   // NVMe tier: groups of at most chunk_experts(), each acquired (reads start for the experts not in

@@ -45,8 +45,10 @@ Routing route(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& 
 // gate/up/down (with the expert biases of `l`, if any, and activation `glu`). Tokens are grouped by
 // expert so each expert's weights are read once per call. With `store` (the NVMe tier), the
 // experts' weights come from it (layer `layer`), not from l's stacks; the result is the same.
+// With `gpu` (the GPU tier), experts the VRAM cache holds ready are computed from their slot.
 void moe_ffn(const cpu::CpuBackend& be, const LayerWeights& l, const Routing& r, const float* h, int64_t n_tok, int64_t n_embd,
-             float* out, const GluParams& glu = {}, ExpertStore* store = nullptr, int layer = -1);
+             float* out, const GluParams& glu = {}, ExpertStore* store = nullptr, int layer = -1,
+             GpuTier* gpu = nullptr);
 
 // Routing look-ahead of the NVMe tier (issue #6): right after layer il's attention, x [n_tok][E]
 // (the residual stream) normalised and routed by the routers of layers il+1 .. il+depth; their

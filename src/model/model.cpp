@@ -1,5 +1,7 @@
 #include "model/model.h"
 
+#include "gpu/gpu_tier.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 

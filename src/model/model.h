@@ -140,6 +140,7 @@ struct MtpWeights {
 };
 
 class ExpertStore;
+class GpuTier;
 class RoutingOverride;
 
 class Model {
@@ -178,6 +179,8 @@ class Model {
   bool streamed_repack = false;
   // Replaces the routers' choices when set (benchmarks; model/blocks.h). Not owned.
   RoutingOverride* routing_override = nullptr;
+  // The GPU tier's VRAM cache of routed experts (null: none; gpu/gpu_tier.h).
+  std::unique_ptr<GpuTier> gpu_tier;
 
  private:
   GgufFile file_;

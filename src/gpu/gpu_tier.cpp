@@ -1,0 +1,135 @@
+#include "gpu/gpu_tier.h"
+
+#include <algorithm>
+#include <cinttypes>
+
+#include "model/model.h"
+
+namespace strata {
+
+GpuTier::GpuTier(const Model& m, const Options& o) : m_(m), o_(o), dev_(o.vram_bytes, o.pcie_gbps) {}
+
+Result<std::unique_ptr<GpuTier>> GpuTier::create_simulated(const Model& m, const Options& o) {
+  const HParams& hp = m.hparams();
+  std::unique_ptr<GpuTier> t(new GpuTier(m, o));
+  // every tensor but the routed experts' matrices is read by every token; slots fit the largest
+  // expert (quant mixes give some layers' ffn_down more bits)
+  uint64_t total = 0, experts = 0;
+  for (const GgufTensorInfo& ti : m.file().tensors()) {
+    total += ti.n_bytes;
+    if (ti.name.ends_with("_exps.weight")) experts += ti.n_bytes;
+  }
+  t->fixed_ = total - experts;
+  int n_moe = 0;
+  for (const LayerWeights& l : m.layers) {
+    if (!l.is_moe()) continue;
+    ++n_moe;
+    t->slot_bytes_ = std::max<uint64_t>(t->slot_bytes_, l.gate_exps.mat_bytes() + l.up_exps.mat_bytes() +
+                                                            l.down_exps.mat_bytes());
+  }
+  if (n_moe == 0) return Error{"the GPU tier caches routed experts, and this model has none"};
+  const uint64_t scratch = uint64_t(512) * uint64_t(hp.n_embd) * sizeof(float) * 16;
+  auto cache = gpu::VramExpertCache::create(t->dev_, t->fixed_, scratch, t->slot_bytes_, hp.n_layer,
+                                            std::max(1, hp.n_expert), o.cache);
+  if (!cache) return cache.error();
+  t->cache_ = std::move(*cache);
+  t->stream_ = t->dev_.new_stream();
+  return t;
+}
+
+void GpuTier::observe(int layer, std::span<const int32_t> ids) { cache_->observe(layer, ids); }
+
+std::optional<GpuTier::Views> GpuTier::on_gpu(const LayerWeights& l, int layer, int expert) {
+  const int slot = cache_->ready_slot(layer, expert, stream_);
+  if (slot < 0) {
+    ++cpu_uses_;
+    return std::nullopt;
+  }
+  Views v;
+  v.slot = slot;
+  const uint8_t* at = cache_->slot_data(slot);
+  v.gate = l.gate_exps.slice(0);
+  v.gate.data = at;
+  v.up = l.up_exps.slice(0);
+  v.up.data = at + l.gate_exps.mat_bytes();
+  v.down = l.down_exps.slice(0);
+  v.down.data = at + l.gate_exps.mat_bytes() + l.up_exps.mat_bytes();
+  return v;
+}
+
+void GpuTier::ran_on_gpu(int slot, int64_t n_tok) {
+  ++gpu_uses_;
+  (void)n_tok;  // decode-sized batches: the kernel streams the expert's bytes once
+  const double seconds = double(slot_bytes_) / (o_.vram_gbps * 1e9);
+  cache_->run(stream_, slot, seconds, nullptr);
+  gpu_seconds_ += seconds;
+}
+
+void GpuTier::layer_done(double cpu_seconds) {
+  dev_.host_advance(cpu_seconds);
+  dev_.wait(stream_, dev_.host_time());
+}
+
+void GpuTier::end_step() {
+  cache_->end_step([&](int layer, int e) {
+    const LayerWeights& l = m_.layers[size_t(layer)];
+    std::vector<std::span<const uint8_t>> pieces;
+    for (const Weight* w : {&l.gate_exps, &l.up_exps, &l.down_exps})
+      pieces.emplace_back(w->slice(e).data, w->mat_bytes());
+    return pieces;
+  });
+}
+
+void GpuTier::set_kv(const void* session, uint64_t bytes) {
+  if (bytes == 0)
+    kv_.erase(session);
+  else
+    kv_[session] = bytes;
+  uint64_t sum = 0;
+  for (const auto& [s, b] : kv_) sum += b;
+  if (cache_->set_kv_bytes(sum).ok()) {
+    kv_overflow_ = 0;
+    return;
+  }
+  const uint64_t most = cache_->max_kv_bytes();
+  STRATA_CHECK(cache_->set_kv_bytes(most).ok(), "GpuTier: the arena's own room does not fit");
+  kv_overflow_ = sum - std::min(sum, most);
+}
+
+GpuTier::Stats GpuTier::stats() const {
+  Stats s;
+  s.gpu_uses = gpu_uses_;
+  s.cpu_uses = cpu_uses_;
+  s.promotions = cache_->promotions();
+  s.evictions = cache_->evictions();
+  s.stalls = cache_->stalls();
+  s.pcie_bytes = dev_.bytes_copied();
+  s.pcie_seconds = dev_.pcie_seconds();
+  s.gpu_seconds = gpu_seconds_;
+  s.slots = cache_->n_slots();
+  s.resident = cache_->n_resident();
+  s.n_experts = int64_t(m_.hparams().n_expert) * std::count_if(m_.layers.begin(), m_.layers.end(),
+                                                               [](const LayerWeights& l) { return l.is_moe(); });
+  s.kv_bytes = cache_->kv_bytes();
+  s.kv_overflow_bytes = kv_overflow_;
+  s.vram_bytes = o_.vram_bytes;
+  s.fixed_bytes = fixed_;
+  s.slot_bytes = slot_bytes_;
+  return s;
+}
+
+std::string GpuTier::summary() const {
+  const Stats s = stats();
+  const uint64_t uses = s.gpu_uses + s.cpu_uses;
+  return strfmt("GPU tier (simulated device, %s of VRAM: %s fixed, %" PRId64 " expert slots of %s for %" PRId64
+                " experts, %s of KV): %.1f%% of %" PRIu64 " expert uses computed from VRAM, %" PRIu64
+                " promotions (%s over PCIe, %.1f ms at %.0f GB/s), %" PRIu64 " evictions, simulated GPU expert "
+                "time %.1f ms at %.0f GB/s",
+                format_size(s.vram_bytes).c_str(), format_size(s.fixed_bytes).c_str(), s.slots,
+                format_size(s.slot_bytes).c_str(), s.n_experts, format_size(s.kv_bytes).c_str(),
+                uses ? 100.0 * double(s.gpu_uses) / double(uses) : 0.0, uses, s.promotions,
+                format_bytes(double(s.pcie_bytes)).c_str(), 1e3 * s.pcie_seconds, o_.pcie_gbps, s.evictions,
+                1e3 * s.gpu_seconds, o_.vram_gbps);
+}
+
+}  // namespace strata

@@ -1,0 +1,111 @@
+// The GPU tier on the simulated device, wired into the forward pass (gpu/gpu_tier.h): experts the
+// VRAM cache holds are computed from their slot, and the logits equal the CPU-only path bit for
+// bit on every architecture; the cache fills from the routing; the KV cache of a growing context
+// takes slots and gives them back when the session ends; a budget too small is a clear error.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "engine/session.h"
+#include "gpu/gpu_tier.h"
+#include "test_support.h"
+
+namespace strata {
+namespace {
+
+std::vector<int32_t> ids_for(int n, uint32_t seed, int vocab) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& id : v) id = int32_t(rng() % uint32_t(vocab));
+  return v;
+}
+
+// fixed + scratch + `slots` expert slots of the model
+uint64_t budget_for(const Model& m, int slots) {
+  uint64_t fixed = 0, slot = 0;
+  for (const GgufTensorInfo& t : m.file().tensors())
+    if (!t.name.ends_with("_exps.weight")) fixed += t.n_bytes;
+  for (const LayerWeights& l : m.layers)
+    if (l.is_moe()) slot = std::max<uint64_t>(slot, l.gate_exps.mat_bytes() + l.up_exps.mat_bytes() + l.down_exps.mat_bytes());
+  const uint64_t scratch = uint64_t(512) * uint64_t(m.hparams().n_embd) * sizeof(float) * 16;
+  return fixed + scratch + uint64_t(slots) * slot;
+}
+
+class GpuTierArch : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GpuTierArch, LogitsEqualTheCpuOnlyPathBitForBit) {
+  std::vector<uint8_t> bytes;
+  auto m = test::synth_q8_model(GetParam(), bytes);
+  ASSERT_TRUE(m);
+  const std::vector<int32_t> ids = ids_for(48, 3, m->hparams().n_vocab);
+  auto decode = [&](std::vector<float>& all) {
+    Session s(*m, 64);
+    ASSERT_TRUE(s.eval(std::span<const int32_t>(ids.data(), 8)));
+    for (size_t i = 8; i < ids.size(); ++i) {
+      auto l = s.eval(std::span<const int32_t>(&ids[i], 1));
+      ASSERT_TRUE(l.ok());
+      all.insert(all.end(), l->begin(), l->end());
+    }
+  };
+  std::vector<float> cpu, gpu;
+  decode(cpu);
+  const int n_moe_experts = int(std::count_if(m->layers.begin(), m->layers.end(), [](const LayerWeights& l) {
+                              return l.is_moe();
+                            })) * m->hparams().n_expert;
+  auto tier = GpuTier::create_simulated(*m, {.vram_bytes = budget_for(*m, n_moe_experts / 3)});
+  ASSERT_TRUE(tier.ok()) << tier.error().message;
+  m->gpu_tier = std::move(*tier);
+  decode(gpu);
+  EXPECT_EQ(gpu, cpu);
+  const GpuTier::Stats st = m->gpu_tier->stats();
+  EXPECT_GT(st.gpu_uses, 0u) << m->gpu_tier->summary();
+  EXPECT_GT(st.cpu_uses, 0u);
+  EXPECT_GT(st.promotions, 0u);
+  EXPECT_EQ(st.stalls, 0u);
+  EXPECT_TRUE(m->gpu_tier->device().overlaps().empty());
+  m->gpu_tier.reset();
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, GpuTierArch,
+                         ::testing::Values("tiny", "tiny-deepseek2", "tiny-gpt-oss", "tiny-mixtral", "tiny-deepseek4"));
+
+// A session's growing KV cache takes expert slots; when the session ends they come back.
+TEST(GpuTier, KvCacheOfAGrowingContextTakesSlotsAndGivesThemBack) {
+  std::vector<uint8_t> bytes;
+  auto m = test::synth_q8_model("tiny", bytes);
+  ASSERT_TRUE(m);
+  auto tier = GpuTier::create_simulated(*m, {.vram_bytes = budget_for(*m, 12)});
+  ASSERT_TRUE(tier.ok());
+  m->gpu_tier = std::move(*tier);
+  GpuTier& t = *m->gpu_tier;
+  ASSERT_EQ(t.stats().slots, 12);
+  const uint64_t per_token = kv_bytes_per_token(m->hparams(), KvType::f16);
+  const int n = int(6 * t.stats().slot_bytes / per_token);  // about 6 slots' worth of KV
+  {
+    Session s(*m, n + 8);
+    const std::vector<int32_t> ids = ids_for(n, 7, m->hparams().n_vocab);
+    for (int i = 0; i < n; i += 64) {
+      const int len = std::min(64, n - i);
+      ASSERT_TRUE(s.eval(std::span<const int32_t>(ids.data() + i, size_t(len))));
+    }
+    EXPECT_EQ(t.stats().kv_bytes, per_token * uint64_t(n));
+    EXPECT_LE(t.stats().slots, 6);
+    EXPECT_GE(t.stats().slots, 5);
+  }
+  EXPECT_EQ(t.stats().kv_bytes, 0u);
+  EXPECT_EQ(t.stats().slots, 12);
+  m->gpu_tier.reset();
+}
+
+TEST(GpuTier, ABudgetThatCannotHoldTheFixedPartIsAnError) {
+  std::vector<uint8_t> bytes;
+  auto m = test::synth_q8_model("tiny", bytes);
+  ASSERT_TRUE(m);
+  auto tier = GpuTier::create_simulated(*m, {.vram_bytes = budget_for(*m, 0) - 1});
+  ASSERT_FALSE(tier.ok());
+  EXPECT_NE(tier.error().message.find("cannot hold what every token needs"), std::string::npos)
+      << tier.error().message;
+}
+
+}  // namespace
+}  // namespace strata
