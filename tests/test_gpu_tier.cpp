@@ -13,12 +13,6 @@
 namespace strata {
 namespace {
 
-std::vector<int32_t> ids_for(int n, uint32_t seed, int vocab) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (auto& id : v) id = int32_t(rng() % uint32_t(vocab));
-  return v;
-}
 
 // fixed + scratch + `slots` expert slots of the model
 uint64_t budget_for(const Model& m, int slots) {
@@ -37,7 +31,7 @@ TEST_P(GpuTierArch, LogitsEqualTheCpuOnlyPathBitForBit) {
   std::vector<uint8_t> bytes;
   auto m = test::synth_q8_model(GetParam(), bytes);
   ASSERT_TRUE(m);
-  const std::vector<int32_t> ids = ids_for(48, 3, m->hparams().n_vocab);
+  const std::vector<int32_t> ids = test::random_ids(48, 3, m->hparams().n_vocab);
   auto decode = [&](std::vector<float>& all) {
     Session s(*m, 64);
     ASSERT_TRUE(s.eval(std::span<const int32_t>(ids.data(), 8)));
@@ -83,7 +77,7 @@ TEST(GpuTier, KvCacheOfAGrowingContextTakesSlotsAndGivesThemBack) {
   const int n = int(6 * t.stats().slot_bytes / per_token);  // about 6 slots' worth of KV
   {
     Session s(*m, n + 8);
-    const std::vector<int32_t> ids = ids_for(n, 7, m->hparams().n_vocab);
+    const std::vector<int32_t> ids = test::random_ids(n, 7, m->hparams().n_vocab);
     for (int i = 0; i < n; i += 64) {
       const int len = std::min(64, n - i);
       ASSERT_TRUE(s.eval(std::span<const int32_t>(ids.data() + i, size_t(len))));

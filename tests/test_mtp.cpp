@@ -18,12 +18,6 @@
 namespace strata {
 namespace {
 
-std::vector<int32_t> random_ids(int n, uint32_t seed, int vocab) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (auto& id : v) id = int32_t(rng() % uint32_t(vocab));
-  return v;
-}
 
 class MtpArch : public ::testing::TestWithParam<const char*> {};
 
@@ -40,7 +34,7 @@ TEST_P(MtpArch, NextnLayerLoadsBesideTheUnchangedMainModel) {
   EXPECT_EQ(with->hparams().n_layer, without->hparams().n_layer);
   EXPECT_EQ(with->hparams().n_nextn, 1);
   EXPECT_EQ(with->mtp->il, with->hparams().n_layer);
-  const std::vector<int32_t> ids = random_ids(7, 3, with->hparams().n_vocab);
+  const std::vector<int32_t> ids = test::random_ids(7, 3, with->hparams().n_vocab);
   Session a(*with, 16), b(*without, 16);
   auto la = a.eval(ids, true), lb = b.eval(ids, true);
   ASSERT_TRUE(la && lb);
@@ -67,7 +61,7 @@ TEST_P(MtpArch, InputProjectionMatchesAScalarReference) {
   ASSERT_TRUE(file.ok());
   const HParams& hp = m->hparams();
   const int64_t E = hp.n_embd, n = 3;
-  const std::vector<int32_t> ids = random_ids(int(n), 7, hp.n_vocab);
+  const std::vector<int32_t> ids = test::random_ids(int(n), 7, hp.n_vocab);
   std::mt19937 rng(11);
   std::normal_distribution<float> N(0.0f, 2.0f);
   std::vector<float> h_prev(size_t(n * E)), x(size_t(n * E));
@@ -114,7 +108,7 @@ TEST_P(MtpArch, IncrementalDraftsEqualAFreshComputation) {
   Session target(*m, ctx, cpu::MatmulPath::exact);
   auto drafter = MtpDrafter::create(target);
   ASSERT_TRUE(drafter.ok()) << drafter.error().message;
-  std::vector<int32_t> history = random_ids(9, 5, V);
+  std::vector<int32_t> history = test::random_ids(9, 5, V);
   ASSERT_TRUE(target.eval(std::span<const int32_t>(history.data(), history.size() - 1)));
   std::mt19937 rng(17);
   for (int step = 0; step < 8; ++step) {
@@ -162,7 +156,7 @@ TEST_P(MtpArch, PairsEachHiddenRowWithTheNextToken) {
   Session target(*m, 16, cpu::MatmulPath::exact);
   auto drafter = MtpDrafter::create(target);
   ASSERT_TRUE(drafter.ok());
-  const std::vector<int32_t> history = random_ids(5, 21, m->hparams().n_vocab);
+  const std::vector<int32_t> history = test::random_ids(5, 21, m->hparams().n_vocab);
   ASSERT_TRUE(target.eval(std::span<const int32_t>(history.data(), 4)));
   std::vector<float> rows(size_t(4 * E));
   for (int q = 0; q < 4; ++q) {
@@ -187,7 +181,7 @@ TEST_P(MtpArch, GreedyOutputIdenticalToPlainDecoding) {
   ASSERT_TRUE(m && m->mtp);
   auto tok = Tokenizer::from_gguf(m->file());
   ASSERT_TRUE(tok.ok());
-  const std::vector<int32_t> prompt = random_ids(9, 5, m->hparams().n_vocab);
+  const std::vector<int32_t> prompt = test::random_ids(9, 5, m->hparams().n_vocab);
   const int n_gen = 24;
   auto run = [&](bool mtp, int max_draft, bool adaptive, GenerateResult* out) {
     Session s(*m, int(prompt.size()) + n_gen + 1);

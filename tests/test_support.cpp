@@ -1,5 +1,6 @@
 #include "test_support.h"
 
+#include <random>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +29,13 @@ std::unique_ptr<Model> synth_q8_model(const char* name, std::vector<uint8_t>& by
   auto model = Model::load(std::move(*file));
   EXPECT_TRUE(model.ok()) << model.error().message;
   return model.ok() ? std::move(*model) : nullptr;
+}
+
+std::vector<int32_t> random_ids(int n, uint32_t seed, int vocab) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& id : v) id = int32_t(rng() % uint32_t(vocab));
+  return v;
 }
 
 fs::path data_dir() { return fs::path(STRATA_SOURCE_DIR) / "tests" / "data"; }

@@ -24,6 +24,9 @@ std::vector<std::filesystem::path> fixture_models();
 // multi-token-prediction layers after the main ones.
 std::unique_ptr<Model> synth_q8_model(const char* name, std::vector<uint8_t>& bytes, uint32_t mtp_layers = 0);
 
+// n token ids in [0, vocab) from a seeded generator.
+std::vector<int32_t> random_ids(int n, uint32_t seed, int vocab);
+
 std::vector<uint8_t> read_file(const std::filesystem::path& p);
 void write_file(const std::filesystem::path& p, const std::vector<uint8_t>& bytes);
 // A fresh empty directory under the build tree for one test.
