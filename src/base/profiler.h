@@ -31,6 +31,7 @@ inline constexpr std::array<std::string_view, size_t(Link::count)> kLinkNames = 
     "CPU", "GPU", "PCIe h2d", "PCIe d2h", "NVMe read", "NVMe wait"};
 
 inline constexpr int kMaxLayers = 512;
+inline constexpr int kMaxNodes = 64;  // NUMA groups counted apart (more share the last)
 
 struct Event {
   int64_t t0_ns = 0;  // since the recorder's epoch
@@ -49,6 +50,12 @@ struct Totals {
   // Routed experts computed (distinct per layer and forward pass) and their weight bytes: counted
   // whether or not spans are enabled (one add per MoE layer), for speculative decoding's roofline.
   std::atomic<int64_t> experts_run{0}, expert_bytes{0};
+  // Routed-expert weight bytes read by each NUMA group's threads (cpu/numa.h), always counted (one
+  // add per row task); a cache line each, so that groups do not share one.
+  struct alignas(64) Counter {
+    std::atomic<int64_t> v{0};
+  };
+  std::array<Counter, kMaxNodes> node_bytes{};
 };
 
 inline std::atomic<bool> g_enabled{false};
@@ -73,10 +80,14 @@ inline void reset() {
     for (auto& v : layer) v.store(0);
   g_totals.experts_run.store(0);
   g_totals.expert_bytes.store(0);
+  for (auto& c : g_totals.node_bytes) c.v.store(0);
 }
 inline void count_experts(int64_t n, int64_t bytes) {
   g_totals.experts_run.fetch_add(n, std::memory_order_relaxed);
   g_totals.expert_bytes.fetch_add(bytes, std::memory_order_relaxed);
+}
+inline void count_node_bytes(int group, int64_t bytes) {
+  g_totals.node_bytes[size_t(group < kMaxNodes ? group : kMaxNodes - 1)].v.fetch_add(bytes, std::memory_order_relaxed);
 }
 inline int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - g_epoch).count();

@@ -65,6 +65,14 @@ int64_t context_limit(const Model& m, const Config& c, int64_t fallback) {
   return ctx;
 }
 
+Status configure_numa(const Config& c) {
+  cpu::NumaOptions o = c.numa;
+  if (o.topology.empty())
+    if (const char* env = std::getenv("STRATA_TOPOLOGY"); env != nullptr) o.topology = env;
+  if (auto r = cpu::set_numa(o); !r) return Error{"config " + c.source + ": numa: " + r.error().message};
+  return {};
+}
+
 Result<Loaded> load_model(const CommonOptions& o, const char* cmd) {
   auto config = resolve_config(o);
   if (!config) return config.error();
@@ -86,6 +94,7 @@ Result<Loaded> load_model(const CommonOptions& o, const char* cmd) {
 
   if (c.threads > 0) cpu::set_compute_threads(c.threads);
   cpu::set_compute_pin(c.pin);
+  STRATA_TRY(configure_numa(c));
   const bool stream = budget->expert_cache_bytes > 0;
   auto m = Model::load(c.model_path, budget->load, c.repack, stream);
   if (!m) return m.error();
@@ -116,6 +125,13 @@ Result<Loaded> load_model(const CommonOptions& o, const char* cmd) {
     const GpuTier::Stats st = (*m)->gpu_tier->stats();
     how += strfmt(", simulated GPU: %" PRId64 " expert slots of %s for %" PRId64 " experts", st.slots,
                   format_size(st.slot_bytes).c_str(), st.n_experts);
+  }
+  {
+    std::string skipped;
+    const cpu::PlacementStats placed = place_in_numa(**m, cpu::numa_layout(), &skipped);
+    if (cpu::numa_layout().topology().n_nodes() > 1 || cpu::numa_layout().n_groups() > 1)
+      std::fprintf(stderr, "%s: %s; weights: %s\n", cmd, cpu::numa_layout().describe().c_str(),
+                   skipped.empty() ? placed.describe(cpu::numa_layout()).c_str() : skipped.c_str());
   }
   if ((*m)->repacked_bytes > 0)
     how += strfmt(", %s repacked in %.2f s", format_bytes(double((*m)->repacked_bytes)).c_str(), (*m)->repack_seconds);

@@ -46,6 +46,9 @@ struct Loaded {
 
 // Resolves the config, checks its budgets against this machine and the model, starts the compute
 // pool with its threads, and loads the model. `cmd` prefixes the log line ("strata run").
+// Sets the compute pool's NUMA layout from the config's [numa] (STRATA_TOPOLOGY in the
+// environment stands in for numa.topology when that is empty).
+Status configure_numa(const Config& c);
 Result<Loaded> load_model(const CommonOptions& o, const char* cmd);
 
 // The context a session may use: the model's training context, capped by model.ctx (--ctx);

@@ -160,6 +160,15 @@ const std::vector<KeySpec>& key_specs() {
          c.repack = *n.value<bool>();
          return std::nullopt;
        }},
+      {"numa", "policy", "where routed experts and compute threads go: shard, interleave or node:N (docs/numa.md)",
+       [](const toml::node& n, Config& c) -> std::optional<std::string> {
+         std::string v;
+         if (auto e = read_string(n, v)) return e;
+         if (auto r = cpu::parse_numa_policy(v, c.numa); !r) return r.error().message;
+         return std::nullopt;
+       }},
+      {"numa", "topology", "plan on a stand-in topology: an hwloc synthetic description or XML file (\"\": this machine)",
+       [](const toml::node& n, Config& c) { return read_string(n, c.numa.topology); }},
       {"storage", "queue_depth", "NVMe reads in flight (io_uring queue depth)",
        [](const toml::node& n, Config& c) { return read_int(n, 1, 4096, c.queue_depth); }},
       {"storage", "prefetch_depth", "layers of routing look-ahead for NVMe prefetch (0: none)",

@@ -15,6 +15,7 @@
 
 #include "base/error.h"
 #include "base/mapped_file.h"
+#include "cpu/numa.h"
 #include "engine/kv_cache.h"
 #include "model/model_info.h"
 
@@ -66,6 +67,10 @@ struct Config {
   int threads = 0;  // 0: one per physical core
   bool pin = true;
   bool repack = true;  // weights read into RAM rewritten into the kernels' layouts (cpu/repack.h)
+
+  // [numa]: policy and topology (docs/numa.md); STRATA_TOPOLOGY in the environment sets the
+  // topology when the config does not
+  cpu::NumaOptions numa;
 
   // [storage]
   int queue_depth = 32;    // io_uring queue depth of NVMe reads (calibration, streaming)

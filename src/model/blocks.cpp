@@ -147,22 +147,26 @@ void glu(const GluParams& p, float* g, const float* u, int64_t n) {
   }
 }
 
-// A task: rows [r0, r1) of one FFN's matrix for its tokens [t0, t1) (indices into its token list).
-// `block` numbers the (FFN, token range) pairs of the batch: the gate/up tasks and the down tasks
-// of one FFN cut its tokens the same way, so a down task knows which gate/up tasks it waits for.
+// A task: rows [r0, r1) of one FFN's matrix (gate and up, or down) for its tokens [t0, t1)
+// (indices into its token list). `block` numbers the (FFN, token range) pairs of the batch: the
+// gate/up tasks and the down tasks of one FFN cut its tokens the same way, so a down task knows
+// which gate/up tasks it waits for.
 struct RowTask {
   int32_t ffn, block;
   int64_t r0, r1, t0, t1;
+  bool down = false;
 };
 
-// Cuts rows [0, n_rows) of every FFN into tasks, about kTasksPerThread per thread over the whole
-// batch (so that one expert with many tokens and seven with one stay balanced), in multiples of 16
-// rows; an FFN with many tokens is cut into L2-sized tiles of rows by tokens (CpuBackend::kTile*).
-// `order`: the FFNs in the order their tasks are taken (ready ones first).
+// Cuts rows [r_begin, r_end) of every FFN into tasks, about kTasksPerThread per thread over the
+// whole batch (so that one expert with many tokens and seven with one stay balanced), in multiples
+// of 16 rows; an FFN with many tokens is cut into L2-sized tiles of rows by tokens
+// (CpuBackend::kTile*). `order`: the FFNs in the order their tasks are taken (ready ones first).
+// Blocks are numbered by (FFN, token range) whatever the rows, so calls for other row ranges agree.
 constexpr int64_t kTasksPerThread = 4;
-std::vector<RowTask> row_tasks(const std::vector<FfnWork>& ffns, const std::vector<int32_t>& order, int64_t n_rows,
-                               int n_threads) {
+std::vector<RowTask> row_tasks(const std::vector<FfnWork>& ffns, const std::vector<int32_t>& order, int64_t r_begin,
+                               int64_t r_end, int n_threads, bool down) {
   using cpu::CpuBackend;
+  const int64_t n_rows = r_end - r_begin;
   const int64_t total = n_rows * int64_t(ffns.size());
   int64_t chunk = std::max<int64_t>(16, total / (kTasksPerThread * int64_t(n_threads)) / 16 * 16);
   chunk = std::min(chunk, (n_rows + 15) / 16 * 16);
@@ -178,8 +182,8 @@ std::vector<RowTask> row_tasks(const std::vector<FfnWork>& ffns, const std::vect
       const int64_t rows = tiled ? tile_rows : chunk;
       const int64_t toks = tiled ? CpuBackend::kTileTokens : n_tok;
       for (int64_t t0 = 0; t0 < n_tok; t0 += toks, ++block)
-        for (int64_t r0 = 0; r0 < n_rows; r0 += rows)
-          tasks.push_back({e, block, r0, std::min(n_rows, r0 + rows), t0, std::min(n_tok, t0 + toks)});
+        for (int64_t r0 = r_begin; r0 < r_end; r0 += rows)
+          tasks.push_back({e, block, r0, std::min(r_end, r0 + rows), t0, std::min(n_tok, t0 + toks), down});
     }
     return tasks;
   });
@@ -205,14 +209,15 @@ void wait_for(const std::atomic<int32_t>& v, int32_t value) {
 }
 
 // Runs every FFN of the batch on compute_pool(): one dispatch for gate, up, GLU and down of all
-// FFNs (their row chunks taken from one counter), then the weighted sum into out (token by token,
+// FFNs (their row chunks taken from one counter; with `numa` sharded, each NUMA group's rows
+// (NumaLayout::rows) from its group's counter, run by its threads alone), then the weighted sum into out (token by token,
 // each token's FFNs in batch order, so the sum's order is fixed). The gate/up task that finishes
 // the last rows of a token block quantizes that block's GLU output for down; down tasks come after
 // every gate/up task in the counter's order and wait for their block's quantized rows, so no
 // thread idles at a barrier between the halves. h: [*][E] rows, quantized once for the whole
 // batch; every FFN's matrices share one type per role (the stacks of a layer).
 void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const float* h,
-              int64_t n_h, const GluParams& glu_p, float* out) {
+              int64_t n_h, const GluParams& glu_p, float* out, const cpu::NumaLayout* numa = nullptr) {
   if (ffns.empty()) return;
   cpu::ThreadPool& pool = cpu::compute_pool();
   const Weight& g0 = ffns[0].gate;
@@ -267,21 +272,39 @@ void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const
     const ExpertView* v = ffns[size_t(e)].view;
     return v == nullptr || v->state->load(std::memory_order_relaxed) != ExpertStore::kLoading;
   });
-  std::vector<RowTask> tasks = row_tasks(ffns, order, F, pool.size());
-  const size_t n_up = tasks.size();
-  const std::vector<RowTask> down_tasks = row_tasks(ffns, order, E, pool.size());
-  tasks.insert(tasks.end(), down_tasks.begin(), down_tasks.end());
-  const size_t n_blocks = size_t(tasks.back().block) + 1;
+  // per group: its gate/up tasks, then its down tasks
+  const bool sharded = numa != nullptr && numa->sharded();
+  STRATA_CHECK(!sharded || numa->n_groups() == pool.n_groups(), "the compute pool's groups are the NUMA layout's");
+  const int n_groups = sharded ? numa->n_groups() : 1;
+  std::vector<RowTask> tasks;
+  std::vector<int64_t> starts{0};
+  for (int g = 0; g < n_groups; ++g) {
+    const auto [f0, f1] = sharded ? numa->rows(g, F) : std::pair<int64_t, int64_t>{0, F};
+    const auto [e0, e1] = sharded ? numa->rows(g, E) : std::pair<int64_t, int64_t>{0, E};
+    const int threads = sharded ? numa->threads_in_group(g) : pool.size();
+    for (const bool down : {false, true}) {
+      if (down ? e1 <= e0 : f1 <= f0) continue;
+      const std::vector<RowTask> part = row_tasks(ffns, order, down ? e0 : f0, down ? e1 : f1, threads, down);
+      tasks.insert(tasks.end(), part.begin(), part.end());
+    }
+    starts.push_back(int64_t(tasks.size()));
+  }
+  int32_t n_blocks = 0;
+  for (const RowTask& t : tasks) n_blocks = std::max(n_blocks, t.block + 1);
   constexpr int32_t kQuantized = -1;
-  const auto left = std::make_unique<std::atomic<int32_t>[]>(n_blocks);
-  for (size_t i = 0; i < n_up; ++i) left[size_t(tasks[i].block)].fetch_add(1, std::memory_order_relaxed);
+  const auto left = std::make_unique<std::atomic<int32_t>[]>(size_t(n_blocks));
+  for (const RowTask& t : tasks)
+    if (!t.down) left[size_t(t.block)].fetch_add(1, std::memory_order_relaxed);
+  // weight bytes each group's threads read (strata bench prints them per node)
+  const size_t gu_row = g0.row_bytes + u0.row_bytes, d_row = d0.row_bytes;
 
-  pool.run(int64_t(tasks.size()), [&](int64_t i, int) {
+  auto run_task = [&](int64_t i, int thread) {
     const RowTask& task = tasks[size_t(i)];
     const FfnWork& f = ffns[size_t(task.ffn)];
     const size_t row0 = first[size_t(task.ffn)] + size_t(task.t0);  // batch row of token t0
     const int64_t n = task.t1 - task.t0;
-    if (size_t(i) >= n_up) {  // down (+ bias)
+    prof::count_node_bytes(pool.group_of(thread), int64_t(size_t(task.r1 - task.r0) * (task.down ? d_row : gu_row)));
+    if (task.down) {  // down (+ bias)
       wait_for(left[size_t(task.block)], kQuantized);
       const cpu::ActRows ae{ya.data() + row0 * ya_row, ya_row, n};
       float* ye = &y[row0 * size_t(E) + size_t(task.r0)];
@@ -323,7 +346,9 @@ void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const
       left[size_t(task.block)].store(kQuantized, std::memory_order_release);
       left[size_t(task.block)].notify_all();
     }
-  });
+  };
+  if (sharded) pool.run_grouped(starts, run_task);
+  else pool.run(int64_t(tasks.size()), run_task);
 
   // out[token] += scale * y over the token's FFNs in batch order (so the sum's order is fixed),
   // token by token: each y row is read whole and out's row stays in L1. (Column chunks over all
@@ -433,7 +458,7 @@ void moe_ffn(const cpu::CpuBackend& be, const LayerWeights& l, const Routing& r,
       }
       sorted.push_back(std::move(f));
     }
-    run_ffns(be, sorted, h, n_tok, glu, out);
+    run_ffns(be, sorted, h, n_tok, glu, out, &cpu::numa_layout());
     if (gpu != nullptr) gpu->layer_done(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return;
   }
@@ -455,7 +480,7 @@ void moe_ffn(const cpu::CpuBackend& be, const LayerWeights& l, const Routing& r,
       f.view = &views[i];
       part.push_back(std::move(f));
     }
-    run_ffns(be, part, h, n_tok, glu, out);
+    run_ffns(be, part, h, n_tok, glu, out, &cpu::numa_layout());
     store->release(views);
   }
 }

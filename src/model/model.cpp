@@ -636,4 +636,36 @@ Result<std::unique_ptr<Model>> Model::load(GgufFile file, bool repack, bool stre
   return m;
 }
 
+cpu::PlacementStats place_in_numa(const Model& m, const cpu::NumaLayout& l, std::string* skipped) {
+  cpu::PlacementStats s;
+  auto skip = [&](const char* why) {
+    if (skipped != nullptr) *skipped = why;
+    return s;
+  };
+  if (l.topology().n_nodes() == 1 && l.options().policy != cpu::NumaPolicy::node)
+    return skip("one NUMA node: nothing to place");
+  if (!l.topology().is_this_system()) return skip("a stand-in topology: nothing is bound");
+  if (m.file().load_mode() != MappedFile::Mode::ram || m.expert_store != nullptr)
+    return skip("weights not read into RAM (mapped file or streamed experts): the page cache decides where they are");
+  // the routed experts by their rows (under shard), then every byte between them spread (so no
+  // page moves twice)
+  std::vector<const Weight*> experts;
+  auto add = [&](const LayerWeights& lw) {
+    for (const Weight* w : {&lw.gate_exps, &lw.up_exps, &lw.down_exps})
+      if (*w) experts.push_back(w);
+  };
+  for (const LayerWeights& lw : m.layers) add(lw);
+  if (m.mtp != nullptr) add(m.mtp->block);
+  std::sort(experts.begin(), experts.end(), [](const Weight* a, const Weight* b) { return a->data < b->data; });
+  const std::span<const uint8_t> all = m.file().bytes_;
+  const uint8_t* at = all.data();
+  for (const Weight* w : experts) {
+    if (w->data > at) cpu::bind_spread(l, at, size_t(w->data - at), s);
+    cpu::bind_expert_rows(l, *w, s);
+    at = std::max(at, w->data + w->mat_bytes() * size_t(w->n_mat));
+  }
+  if (all.data() + all.size() > at) cpu::bind_spread(l, at, size_t(all.data() + all.size() - at), s);
+  return s;
+}
+
 }  // namespace strata

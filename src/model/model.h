@@ -12,6 +12,7 @@
 #include "cpu/ops.h"
 #include "engine/kv_cache.h"
 #include "model/gguf.h"
+#include "cpu/numa.h"
 #include "model/weights.h"
 
 namespace strata {
@@ -192,6 +193,12 @@ class Model {
   // so destroyed first: it reads the file and refers to the model.
   std::unique_ptr<ExpertStore> expert_store;
 };
+
+// Binds the weights read into RAM by the NUMA layout's policy (cpu/numa.h): the routed experts'
+// rows to their groups' nodes under shard, the rest interleaved (all on node N under node:N).
+// Nothing on one node, on a stand-in topology, or for a mapped file or streamed experts (the page
+// cache and the NVMe tier's slots are not placed); `skipped` then says why.
+cpu::PlacementStats place_in_numa(const Model& m, const cpu::NumaLayout& l, std::string* skipped = nullptr);
 
 // The hyperparameters of a GGUF's metadata alone (no tensor is read: works on header-only files).
 Result<HParams> hparams_from_gguf(const GgufFile& f);
