@@ -91,5 +91,32 @@ TEST(CliTools, BenchJsonAndConfigErrors) {
   EXPECT_NE(out.find("/no/such/config.toml"), std::string::npos) << out;
 }
 
+// info --hw on a stand-in of 2 nodes; bench on it prints each node's expert bytes (equal halves of
+// the one-node figure); a bad policy or topology is one clear line.
+TEST(CliTools, InfoHwAndNumaStandIns) {
+  std::string out;
+  ASSERT_EQ(test::run_cli("info --hw --topology \"pack:2 numa:1 core:2 pu:2\"", &out, true), 0) << out;
+  EXPECT_NE(out.find("2 NUMA nodes, 4 cores, 8 hardware threads"), std::string::npos) << out;
+  EXPECT_NE(out.find("group 1      node 1, threads on cores 2 3"), std::string::npos) << out;
+  ASSERT_EQ(test::run_cli("info --hw", &out, true), 0) << out;
+  EXPECT_NE(out.find("topology    this machine"), std::string::npos) << out;
+
+  ASSERT_EQ(test::run_cli("bench -p 0 -n 8 -r 1 --json", &out, true), 0) << out;
+  const auto one = nlohmann::json::parse(out)[0]["node_expert_bytes_per_token"];
+  ASSERT_EQ(one.size(), 1u) << out;
+  ASSERT_EQ(test::run_cli("bench -p 0 -n 8 -r 1 --json -t 2 --set 'numa.topology=\"numa:2 core:1 pu:1\"'", &out, true), 0) << out;
+  const auto two = nlohmann::json::parse(out)[0]["node_expert_bytes_per_token"];
+  ASSERT_EQ(two.size(), 2u) << out;
+  EXPECT_GT(two[0].get<double>(), 0.0);
+  EXPECT_NEAR(two[0].get<double>() + two[1].get<double>(), one[0].get<double>(), 1e-6 * one[0].get<double>());
+
+  EXPECT_EQ(test::run_cli("run -n 2 --set numa.policy=spread", &out), 1);
+  EXPECT_NE(out.find("shard, interleave or node:N"), std::string::npos) << out;
+  EXPECT_EQ(test::run_cli("run -n 2 --set numa.policy=node:7", &out), 1);
+  EXPECT_NE(out.find("node:7"), std::string::npos) << out;
+  EXPECT_EQ(test::run_cli("info --hw --topology \"numa:x\"", &out), 1);
+  EXPECT_NE(out.find("synthetic description"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace strata

@@ -19,6 +19,7 @@
 #include "cli/common.h"
 #include "cpu/calibrate.h"
 #include "cpu/kernels.h"
+#include "cpu/numa.h"
 #include "cpu/thread_pool.h"
 #include "engine/session.h"
 #include "model/trace_routing.h"
@@ -62,7 +63,26 @@ struct TestResult {
   // NVMe tier (streamed experts), last repetition
   double ram_hit_rate = 1, nvme_bytes_per_token = 0, nvme_gbps = 0, nvme_wait_per_token = 0;
   std::string nvme_text;
+  // Routed-expert weight bytes each NUMA group's threads read per token, and that over the test's
+  // wall time (cpu/numa.h; last repetition)
+  std::vector<double> node_bytes_per_token, node_gbps;
+  std::string node_text;
 };
+
+// Per NUMA group: the expert bytes its threads read per token and their rate over `sec`.
+void node_figures(double tokens, double sec, TestResult& r) {
+  const cpu::NumaLayout& l = cpu::numa_layout();
+  r.node_bytes_per_token.clear();
+  r.node_gbps.clear();
+  r.node_text = strfmt("numa %s, routed-expert bytes per token by the threads of", cpu::numa_policy_name(l.options()).c_str());
+  for (int g = 0; g < l.n_groups() && g < prof::kMaxNodes; ++g) {
+    const double bytes = double(prof::g_totals.node_bytes[size_t(g)].v.load());
+    r.node_bytes_per_token.push_back(bytes / tokens);
+    r.node_gbps.push_back(bytes / sec / 1e9);
+    r.node_text += strfmt("%s node %d: %s at %.1f GB/s", g ? ";" : "", l.node_of_group(g),
+                          format_bytes(bytes / tokens).c_str(), bytes / sec / 1e9);
+  }
+}
 
 // The NVMe tier's figures of one run: hit rate, bytes read per token, achieved read rate against
 // the probe, time the compute threads waited, and the look-ahead's precision and recall.
@@ -255,6 +275,7 @@ int run_bench(const BenchOptions& o) {
         r.limit_text = strfmt("%.1f GB/s = %.2f of DRAM %.1f GB/s", gbs, r.limit_fraction, limit);
       }
       if (o.profile) r.profile_text = profile_line(t.n);
+      node_figures(double(t.n) * (t.prefill ? 1 : t.streams), sec, r);
       if (store != nullptr) nvme_figures(store->stats(), double(t.n) * (t.prefill ? 1 : t.streams), nvme_probe_gbps, r);
     }
     if (!o.json) {
@@ -263,6 +284,7 @@ int run_bench(const BenchOptions& o) {
                   stddev(r.tok_per_s), r.limit_text.c_str());
       if (o.profile) std::printf("    %s\n", r.profile_text.c_str());
       if (store != nullptr) std::printf("    %s\n", r.nvme_text.c_str());
+      std::printf("    %s\n", r.node_text.c_str());
       std::fflush(stdout);
     }
     results.push_back(std::move(r));
@@ -293,6 +315,9 @@ int run_bench(const BenchOptions& o) {
                      {"nvme_gbps", r.nvme_gbps},
                      {"nvme_probe_gbps", nvme_probe_gbps},
                      {"nvme_wait_s_per_token", r.nvme_wait_per_token},
+                     {"numa_policy", cpu::numa_policy_name(cpu::numa_layout().options())},
+                     {"node_expert_bytes_per_token", r.node_bytes_per_token},
+                     {"node_expert_gbps", r.node_gbps},
                      {"routing", o.routing}});
     }
     std::printf("%s\n", arr.dump(2).c_str());

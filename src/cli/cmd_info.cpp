@@ -1,10 +1,13 @@
 // strata info MODEL.gguf: architecture, hyperparameters, tokenizer, tensors by role, bytes per
-// routed expert and per decoded token.
+// routed expert and per decoded token. strata info --hw: the machine's NUMA nodes, cores and
+// caches (or a stand-in's), and where the compute threads would go.
 #include <cinttypes>
+#include <cstdlib>
 #include <cstdio>
 #include <memory>
 
 #include "cli/commands.h"
+#include "cpu/numa.h"
 #include "model/gguf.h"
 #include "model/model_info.h"
 
@@ -15,7 +18,40 @@ struct InfoOptions {
   std::string path;
   bool all_tensors = false;
   bool all_keys = false;
+  bool hw = false;
+  std::string topology;            // --topology (else STRATA_TOPOLOGY)
+  std::string policy = "shard";    // --numa
+  int threads = 0;
 };
+
+int run_hw(const InfoOptions& o) {
+  cpu::NumaOptions no;
+  no.topology = o.topology;
+  if (no.topology.empty())
+    if (const char* env = std::getenv("STRATA_TOPOLOGY"); env != nullptr) no.topology = env;
+  auto fail = [](const Error& e) {
+    std::fprintf(stderr, "strata info: %s\n", e.message.c_str());
+    return 1;
+  };
+  if (auto r = cpu::parse_numa_policy(o.policy, no); !r) return fail(r.error());
+  auto topo = cpu::Topology::load(no.topology);
+  if (!topo) return fail(topo.error());
+  std::printf("%s", topo->describe().c_str());
+  auto l = cpu::NumaLayout::make(no, std::move(*topo), o.threads);
+  if (!l) return fail(l.error());
+  std::printf("threads     %d compute threads, %s\n", l->n_threads(), l->describe().c_str());
+  for (int g = 0; g < l->n_groups(); ++g) {
+    std::string cores;
+    for (int t = 0; t < l->n_threads(); ++t)
+      if (l->group_of_thread(t) == g) cores += strfmt("%s%d", cores.empty() ? "" : " ", l->core_of_thread(t));
+    std::printf("group %-6d node %d, threads on cores %s\n", g, l->node_of_group(g), cores.c_str());
+  }
+  if (l->sharded())
+    std::printf("experts     each routed expert's rows split over the %d groups (of 768 rows, group 0 computes "
+                "rows %" PRId64 "-%" PRId64 ", held in node %d's memory)\n",
+                l->n_groups(), l->rows(0, 768).first, l->rows(0, 768).second - 1, l->node_of_group(0));
+  return 0;
+}
 
 std::string params_string(uint64_t n) {
   if (n >= 1000000000ull) return strfmt("%.2f B", double(n) / 1e9);
@@ -65,6 +101,11 @@ void print_tokenizer(const GgufFile& f) {
 }
 
 int run_info(const InfoOptions& o) {
+  if (o.hw) return run_hw(o);
+  if (o.path.empty()) {
+    std::fprintf(stderr, "strata info: name a GGUF file, or --hw for the machine\n");
+    return 1;
+  }
   auto file = GgufFile::open(o.path);
   if (!file) {
     std::fprintf(stderr, "strata info: %s\n", file.error().message.c_str());
@@ -161,9 +202,15 @@ Runner add_info_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "info", "describe a GGUF model: architecture, tensors by role, bytes per decoded token");
   auto o = std::make_shared<InfoOptions>();
-  sub->add_option("model", o->path, "GGUF file")->required();
+  sub->add_option("model", o->path, "GGUF file");
   sub->add_flag("--tensors", o->all_tensors, "also list every tensor with type, shape and offset");
   sub->add_flag("--kv", o->all_keys, "also list every metadata key");
+  sub->add_flag("--hw", o->hw, "describe the machine instead: NUMA nodes, cores, caches, where compute threads go");
+  sub->add_option("--topology", o->topology,
+                  "with --hw: a stand-in machine, an hwloc synthetic description (\"pack:2 numa:1 core:8 pu:2\") or an "
+                  "XML file (default: this machine, or STRATA_TOPOLOGY)");
+  sub->add_option("--numa", o->policy, "with --hw: the NUMA policy to lay the threads out for (shard, interleave, node:N)");
+  sub->add_option("-t,--threads", o->threads, "with --hw: compute threads (default: one per core)")->check(CLI::NonNegativeNumber);
   return [o] { return run_info(*o); };
 }
 

@@ -42,8 +42,26 @@ inline uint16_t to_bf16(float f) {
 
 bool onednn_available() { return true; }
 
+bool onednn_bf16_supported() {
+  static const bool ok = [] {
+    using namespace dnnl;
+    try {
+      const memory::dim M = kOnednnMinTokens, K = 256, N = 64;
+      const memory::desc src_md({M, K}, memory::data_type::bf16, memory::dims{K, 1});
+      const memory::desc wei_md({K, N}, memory::data_type::bf16, memory::dims{1, K});
+      const memory::desc dst_md({M, N}, memory::data_type::f32, memory::dims{N, 1});
+      const matmul::primitive_desc pd(matmul::desc(src_md, wei_md, dst_md), onednn().eng);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return ok;
+}
+
 bool onednn_matmul_bf16(const Weight& w, const float* x, int64_t n_tok, float* y, int64_t ldy) {
   using namespace dnnl;
+  if (!onednn_bf16_supported()) return false;  // asked once, not by an exception per matmul
   // row-interleaved weights (cpu/repack.h) are oneDNN's BA16a16b2a, but its kernels read that no
   // faster than strata's own interleaved tile (2048 x 768: 255 / 221 GFLOP/s at 64 / 512 tokens,
   // against 414 / 537 on the file layout, whose own preferred layout is BA16a64b2a): not used
@@ -74,6 +92,7 @@ bool onednn_matmul_bf16(const Weight& w, const float* x, int64_t n_tok, float* y
 #else
 
 bool onednn_available() { return false; }
+bool onednn_bf16_supported() { return false; }
 bool onednn_matmul_bf16(const Weight&, const float*, int64_t, float*, int64_t) { return false; }
 
 #endif

@@ -24,6 +24,9 @@ namespace strata::cpu {
 inline constexpr int64_t kOnednnMinTokens = 64;
 
 bool onednn_available();
+// Whether this CPU runs oneDNN's BF16 matmul (it refuses CPUs without AVX-512: AVX2-only machines
+// keep strata's own kernels). Probed once.
+bool onednn_bf16_supported();
 
 // y[t * ldy + n] = sum_k W[n][k] x[t][k] for t < n_tok, n < w.n_out: w a 2D BF16 weight in the
 // file layout (row-interleaved weights are refused), x [n_tok][w.n_in] floats. Runs on oneDNN's own threads (OpenMP, as many as the
