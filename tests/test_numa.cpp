@@ -16,6 +16,7 @@
 #include "base/profiler.h"
 #include "cpu/numa.h"
 #include "cpu/thread_pool.h"
+#include "engine/numa_plan.h"
 #include "engine/session.h"
 #include "model/model.h"
 #include "test_support.h"
@@ -321,6 +322,29 @@ TEST(Numa, PagesLandOnTheirNodeOnThisMachine) {
     place_in_numa(*m, flat, &skipped);
     EXPECT_NE(skipped.find("one NUMA node"), std::string::npos) << skipped;
   }
+}
+
+// The placement comparison: routing that a whole-expert placement can balance exactly (every
+// token uses one expert of each pair, and the pairs split over the nodes) costs 1.00x; routing
+// whose experts of a token sit on one node costs n_nodes x; shard is 1.00x whenever every node's
+// rows are whole 16-row groups of an equal share, and more when they cannot be.
+TEST(NumaPlan, WholeExpertsAgainstShard) {
+  // 4 experts, top-2: tokens use {0, 1} and {2, 3} in turn; the first half fixes the placement
+  std::vector<std::vector<int32_t>> ids(1);
+  for (int t = 0; t < 200; ++t) {
+    ids[0].push_back(t % 2 == 0 ? 0 : 2);
+    ids[0].push_back(t % 2 == 0 ? 1 : 3);
+  }
+  const NumaPlacementFigures f = compare_numa_placements(ids, 2, 4, 2, 768);
+  EXPECT_EQ(f.steps, 100);
+  EXPECT_DOUBLE_EQ(f.whole_decode, 1.0);  // 0 and 1 on different nodes (their loads tie), as 2 and 3
+  EXPECT_DOUBLE_EQ(f.shard, 1.0);
+  // one expert a token over 2 nodes: each step reads from one node only
+  std::vector<std::vector<int32_t>> single(1);
+  for (int t = 0; t < 200; ++t) single[0].push_back(t % 4);
+  EXPECT_DOUBLE_EQ(compare_numa_placements(single, 1, 4, 2, 768).whole_decode, 2.0);
+  // 48 rows over 2 nodes: 16-row groups give 32 and 16, the busier node has 2/3 of the rows
+  EXPECT_DOUBLE_EQ(compare_numa_placements(ids, 2, 4, 2, 48).shard, 64.0 / 48.0);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "cpu/kernels.h"
 #include "cpu/numa.h"
 #include "cpu/thread_pool.h"
+#include "engine/numa_plan.h"
 #include "engine/session.h"
 #include "model/trace_routing.h"
 #include "storage/disk_probe.h"
@@ -43,6 +44,7 @@ struct BenchOptions {
   bool speculative = false;
   int draft_max = 8;
   int spec_gen = 128;
+  std::vector<int> numa_compare;  // node counts: compare expert placements on routing, then stop
 };
 
 struct Test {
@@ -148,7 +150,53 @@ int fail(const std::string& m) {
   return 1;
 }
 
+// --numa-compare: whole experts per node against rows split over the nodes, on the --routing
+// source (synthetic where the routers would decide). Reads the file's header only: no weight is
+// loaded and no forward pass runs.
+int numa_compare(const BenchOptions& o) {
+  auto config = resolve_config(o.common);
+  if (!config) return fail(config.error().message);
+  auto f = GgufFile::open(config->model_path, MappedFile::Mode::mmap);
+  if (!f) return fail(f.error().message);
+  auto hp = hparams_from_gguf(*f);
+  if (!hp) return fail(hp.error().message);
+  const std::string mode = o.routing == "model" ? "synthetic" : o.routing;
+  auto routing = make_routing_override(mode, *hp);
+  if (!routing) return fail(routing.error().message);
+  std::vector<int> moe_layers;
+  int64_t rows = 0;
+  for (int il = 0; il < hp->n_layer; ++il)
+    if (const GgufTensorInfo* t = f->find_tensor(strfmt("blk.%d.ffn_gate_exps.weight", il)); t != nullptr && t->n_dims == 3) {
+      moe_layers.push_back(il);
+      rows = int64_t(t->ne[1]);
+    }
+  if (moe_layers.empty()) return fail("--numa-compare: the model has no routed-expert layers");
+  const int64_t n_tok = std::min<int64_t>((*routing)->n_tokens(), 4096);
+  std::vector<std::vector<int32_t>> ids(moe_layers.size());
+  Routing r;
+  r.k = hp->n_expert_used;
+  r.ids.resize(size_t(r.k));
+  for (int64_t t = 0; t < n_tok; ++t)
+    for (size_t i = 0; i < moe_layers.size(); ++i) {
+      (*routing)->choose(moe_layers[i], 1, r);
+      ids[i].insert(ids[i].end(), r.ids.begin(), r.ids.end());
+    }
+  std::printf("expert placement over NUMA nodes, %s, on %s routing (%lld tokens, %zu MoE layers, %d of %d experts "
+              "a token, %lld rows an expert matrix): the busiest node's expert reads over the balanced time (1.00x: "
+              "every node busy all along)\n",
+              f->name().c_str(), mode.c_str(), static_cast<long long>(n_tok), moe_layers.size(), hp->n_expert_used,
+              hp->n_expert, static_cast<long long>(rows));
+  std::printf("| nodes | whole experts, decode | whole experts, 8 tokens | shard (rows split) |\n");
+  std::printf("|-------|-----------------------|-------------------------|--------------------|\n");
+  for (int n : o.numa_compare) {
+    const NumaPlacementFigures fig = compare_numa_placements(ids, hp->n_expert_used, hp->n_expert, n, rows);
+    std::printf("| %5d | %20.2fx | %22.2fx | %17.2fx |\n", n, fig.whole_decode, fig.whole_batch8, fig.shard);
+  }
+  return 0;
+}
+
 int run_bench(const BenchOptions& o) {
+  if (!o.numa_compare.empty()) return numa_compare(o);
   auto loaded = load_model(o.common, "strata bench");
   if (!loaded) return fail(loaded.error().message);
   auto routing = make_routing_override(o.routing, loaded->model->hparams());
@@ -341,6 +389,11 @@ Runner add_bench_command(CLI::App& app) {
       ->delimiter(',')->check(CLI::PositiveNumber);
   sub->add_option("-d,--depth", o->depth, "tokens of context before each test")->check(CLI::NonNegativeNumber);
   sub->add_option("-r,--reps", o->reps, "repetitions of each test (default 3)")->check(CLI::PositiveNumber);
+  sub->add_option("--numa-compare", o->numa_compare,
+                  "compare splitting routed experts by rows (shard) with whole experts per node, on --routing "
+                  "(synthetic by default), for these node counts (comma list), and stop")
+      ->delimiter(',')
+      ->check(CLI::Range(2, 64));
   sub->add_flag("--profile", o->profile, "print each test's time per token by part of the layer");
   sub->add_flag("--json", o->json, "print the results as JSON");
   sub->add_option("--routing", o->routing,
