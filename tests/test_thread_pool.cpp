@@ -1,8 +1,10 @@
 // The compute pool (cpu/thread_pool.h): every task runs exactly once per run, on a thread index in
 // range, with the caller taking part; nested runs are serial; many short runs in a row (the pattern
-// of a decode step) and runs from several threads at once lose nothing.
+// of a decode step) and runs from several threads at once lose nothing; grouped runs (NUMA) run
+// each group's tasks on that group's threads only.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 #include <vector>
@@ -79,6 +81,36 @@ TEST(ThreadPool, IdleWorkersSleepAndWakeUp) {
 }
 
 TEST(ThreadPool, PhysicalCoresIsPositive) { EXPECT_GE(cpu::physical_cores(), 1); }
+
+// Grouped runs: every task once, on a thread of its group, with plain runs and regroupings between.
+TEST(ThreadPool, GroupedTasksRunOnlyOnTheirGroupsThreads) {
+  cpu::ThreadPool pool({0, 0, 1, 1}, nullptr);
+  ASSERT_EQ(pool.n_groups(), 2);
+  auto check = [&](const std::vector<int64_t>& starts) {
+    std::vector<std::atomic<int>> runs(size_t(starts.back()));
+    std::atomic<int> wrong{0};
+    pool.run_grouped(starts, [&](int64_t t, int thread) {
+      runs[size_t(t)].fetch_add(1);
+      const int g = int(std::upper_bound(starts.begin(), starts.end(), t) - starts.begin()) - 1;
+      if (pool.group_of(thread) != g) wrong.fetch_add(1);
+    });
+    for (auto& r : runs) ASSERT_EQ(r.load(), 1);
+    EXPECT_EQ(wrong.load(), 0);
+  };
+  for (int i = 0; i < 2000; ++i) {
+    check({0, 1 + i % 7, 1 + i % 7 + i % 11});
+    check({0, 0, 5});  // a group without tasks
+    std::atomic<int64_t> sum{0};
+    pool.run(1 + i % 9, [&](int64_t t, int) { sum.fetch_add(t + 1); });
+    const int64_t n = 1 + i % 9;
+    ASSERT_EQ(sum.load(), n * (n + 1) / 2);
+  }
+  pool.set_groups({0, 1, 2, 3});
+  ASSERT_EQ(pool.n_groups(), 4);
+  for (int i = 0; i < 500; ++i) check({0, 3, 3 + i % 5, 9, 12 + i % 4});
+  pool.set_groups({0, 1, 1, 0});
+  for (int i = 0; i < 500; ++i) check({0, 4 + i % 3, 10});
+}
 
 }  // namespace
 }  // namespace strata

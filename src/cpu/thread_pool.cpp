@@ -34,7 +34,7 @@ ThreadPool::ThreadPool(int n_threads, bool pin)
       }) {}
 
 ThreadPool::ThreadPool(std::vector<int> groups, const std::function<void(int thread)>& on_start)
-    : n_threads_(int(groups.size())) {
+    : n_threads_(int(groups.size())), on_start_(on_start) {
   STRATA_CHECK(n_threads_ >= 1, "a thread pool needs at least one thread");
   group_ = std::make_unique<std::atomic<int>[]>(size_t(n_threads_));
   tickets_ = std::make_unique<Ticket[]>(size_t(n_threads_));
@@ -125,6 +125,13 @@ void ThreadPool::dispatch(const Job& job) {
   const int64_t n_tasks = job.starts[job.n_ranges];
   STRATA_CHECK(n_tasks <= kMaxTasks, "too many tasks in one run");
   std::lock_guard lock(run_mutex_);
+  if (on_start_) {  // the caller is thread 0: placed once, as the workers are
+    thread_local const ThreadPool* started = nullptr;
+    if (started != this) {
+      started = this;
+      on_start_(0);
+    }
+  }
   const int n_tickets = job.grouped ? n_groups() : 1;
   ctx_.store(job.ctx, std::memory_order_relaxed);
   call_.store(job.call, std::memory_order_relaxed);

@@ -31,7 +31,8 @@ class ThreadPool {
   // is bound to core i (hwloc; silently unpinned where binding fails).
   ThreadPool(int n_threads, bool pin);
   // n = groups.size() threads; thread i in group groups[i] (every group 0..max must have a thread),
-  // started with on_start(i) (pinning) when given.
+  // started with on_start(i) (pinning) when given; every thread that calls run() gets on_start(0)
+  // once, before its first run (it is thread 0 of the runs it calls).
   ThreadPool(std::vector<int> groups, const std::function<void(int thread)>& on_start);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -119,6 +120,7 @@ class ThreadPool {
   std::atomic<int> sleepers_{0};                      // workers in (or entering) a futex wait
   std::atomic<bool> stop_{false};
   std::vector<std::thread> workers_;
+  std::function<void(int thread)> on_start_;
 };
 
 // The pool the forward pass uses. Created at first use from numa_layout() (cpu/numa.h): its
