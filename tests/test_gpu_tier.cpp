@@ -101,5 +101,45 @@ TEST(GpuTier, ABudgetThatCannotHoldTheFixedPartIsAnError) {
       << tier.error().message;
 }
 
+// With the CPU's rates known, a prefill's busy experts that are not resident ship to the GPU for
+// the step (and the logits still equal the CPU-only path); one-token decode steps ship nothing.
+TEST(GpuTier, PrefillShipsBusyExpertsDecodeDoesNot) {
+  std::vector<uint8_t> bytes;
+  auto m = test::synth_q8_model("tiny", bytes);
+  ASSERT_TRUE(m);
+  const std::vector<int32_t> ids = test::random_ids(72, 5, m->hparams().n_vocab);
+  auto run = [&](std::vector<float>& all) {
+    Session s(*m, 96);
+    auto first = s.eval(std::span<const int32_t>(ids.data(), 64));
+    ASSERT_TRUE(first.ok());
+    all.insert(all.end(), first->begin(), first->end());
+    if (m->gpu_tier) {
+      EXPECT_GT(m->gpu_tier->stats().ship_uses, 0u) << m->gpu_tier->summary();
+      EXPECT_GT(m->gpu_tier->stats().model_copy_s, 0.0);
+    }
+    const uint64_t shipped = m->gpu_tier ? m->gpu_tier->stats().ship_uses : 0;
+    for (size_t i = 64; i < ids.size(); ++i) {
+      auto l = s.eval(std::span<const int32_t>(&ids[i], 1));
+      ASSERT_TRUE(l.ok());
+      all.insert(all.end(), l->begin(), l->end());
+    }
+    if (m->gpu_tier) {
+      EXPECT_EQ(m->gpu_tier->stats().ship_uses, shipped) << "a decode step shipped an expert";
+    }
+  };
+  std::vector<float> cpu, gpu;
+  run(cpu);
+  GpuTier::Options o{.vram_bytes = budget_for(*m, 4)};
+  o.costs.cpu_gbps = 40;
+  o.costs.cpu_ops = 300e9;
+  auto tier = GpuTier::create_simulated(*m, o);
+  ASSERT_TRUE(tier.ok()) << tier.error().message;
+  m->gpu_tier = std::move(*tier);
+  run(gpu);
+  EXPECT_EQ(gpu, cpu);
+  EXPECT_NE(m->gpu_tier->summary().find("shipped"), std::string::npos);
+  m->gpu_tier.reset();
+}
+
 }  // namespace
 }  // namespace strata

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 
+#include "cpu/calibrate.h"
 #include "cpu/thread_pool.h"
 #include "gpu/gpu_devices.h"
 #include "gpu/gpu_tier.h"
@@ -117,14 +118,24 @@ Result<Loaded> load_model(const CommonOptions& o, const char* cmd) {
     if (stream) return Error{"gpu.simulate with routed experts streamed from NVMe (budgets.ram below the model) is not built"};
     GpuTier::Options go;
     go.vram_bytes = c.vram_budget;
-    if (c.hardware.pcie_h2d_gbps > 0) go.pcie_gbps = c.hardware.pcie_h2d_gbps;
-    if (c.hardware.gpu_gbps > 0) go.vram_gbps = c.hardware.gpu_gbps;
+    // the simulated GPU's rates unless [hardware] states them; the CPU's from the calibration, or
+    // probed now (strata calibrate keeps them), for the placement's comparison
+    auto limits = resolve_limits(c);
+    if (!limits) return limits.error();
+    const HardwareLimits& hw = limits->limits;
+    if (hw.pcie_h2d_gbps > 0) go.costs.pcie_gbps = hw.pcie_h2d_gbps;
+    if (hw.gpu_gbps > 0) go.costs.vram_gbps = hw.gpu_gbps;
+    if (hw.gpu_tflops > 0) go.costs.gpu_ops = hw.gpu_tflops * 1e12;
+    go.costs.cpu_gbps = hw.weights_gbps > 0 ? hw.weights_gbps : hw.dram_gbps;
+    go.costs.cpu_ops = hw.cpu_int8_gops * 1e9;
+    if (go.costs.cpu_gbps <= 0) go.costs.cpu_gbps = cpu::measure_read_gbps(cpu::compute_pool());
+    if (go.costs.cpu_ops <= 0) go.costs.cpu_ops = cpu::measure_int8_peak_gops(cpu::compute_pool()) * 1e9;
     auto tier = GpuTier::create_simulated(**m, go);
     if (!tier) return Error{"config " + c.source + ": " + tier.error().message};
     (*m)->gpu_tier = std::move(*tier);
     const GpuTier::Stats st = (*m)->gpu_tier->stats();
-    how += strfmt(", simulated GPU: %" PRId64 " expert slots of %s for %" PRId64 " experts", st.slots,
-                  format_size(st.slot_bytes).c_str(), st.n_experts);
+    how += strfmt(", simulated GPU: %" PRId64 " expert slots of %s for %" PRId64 " experts (%s)", st.slots,
+                  format_size(st.slot_bytes).c_str(), st.n_experts, go.costs.describe().c_str());
   }
   {
     std::string skipped;

@@ -7,7 +7,7 @@
 
 namespace strata {
 
-GpuTier::GpuTier(const Model& m, const Options& o) : m_(m), o_(o), dev_(o.vram_bytes, o.pcie_gbps) {}
+GpuTier::GpuTier(const Model& m, const Options& o) : m_(m), o_(o), dev_(o.vram_bytes, o.costs.pcie_gbps) {}
 
 Result<std::unique_ptr<GpuTier>> GpuTier::create_simulated(const Model& m, const Options& o) {
   const HParams& hp = m.hparams();
@@ -34,35 +34,63 @@ Result<std::unique_ptr<GpuTier>> GpuTier::create_simulated(const Model& m, const
   if (!cache) return cache.error();
   t->cache_ = std::move(*cache);
   t->stream_ = t->dev_.new_stream();
+  t->copy_stream_ = t->dev_.new_stream();
   return t;
 }
 
 void GpuTier::observe(int layer, std::span<const int32_t> ids) { cache_->observe(layer, ids); }
 
-std::optional<GpuTier::Views> GpuTier::on_gpu(const LayerWeights& l, int layer, int expert) {
-  const int slot = cache_->ready_slot(layer, expert, stream_);
-  if (slot < 0) {
-    ++cpu_uses_;
-    return std::nullopt;
+std::vector<GpuTier::Assignment> GpuTier::place(const LayerWeights& l, int layer, std::span<const int32_t> experts,
+                                                std::span<const int64_t> n_tok) {
+  STRATA_CHECK(experts.size() == n_tok.size());
+  const uint64_t bytes = l.gate_exps.mat_bytes() + l.up_exps.mat_bytes() + l.down_exps.mat_bytes();
+  const uint64_t params = uint64_t(l.gate_exps.n_in * l.gate_exps.n_out + l.up_exps.n_in * l.up_exps.n_out +
+                                   l.down_exps.n_in * l.down_exps.n_out);
+  std::vector<ExpertJob> jobs(experts.size());
+  std::vector<int> slots(experts.size(), -1);
+  for (size_t i = 0; i < experts.size(); ++i) {
+    slots[i] = cache_->ready_slot(layer, experts[i], stream_);
+    jobs[i] = {.expert = experts[i], .n_tok = n_tok[i], .resident = slots[i] >= 0, .bytes = bytes, .params = params};
   }
-  Views v;
-  v.slot = slot;
-  const uint8_t* at = cache_->slot_data(slot);
-  v.gate = l.gate_exps.slice(0);
-  v.gate.data = at;
-  v.up = l.up_exps.slice(0);
-  v.up.data = at + l.gate_exps.mat_bytes();
-  v.down = l.down_exps.slice(0);
-  v.down.data = at + l.gate_exps.mat_bytes() + l.up_exps.mat_bytes();
-  return v;
-}
-
-void GpuTier::ran_on_gpu(int slot, int64_t n_tok) {
-  ++gpu_uses_;
-  (void)n_tok;  // decode-sized batches: the kernel streams the expert's bytes once
-  const double seconds = double(slot_bytes_) / (o_.vram_gbps * 1e9);
-  cache_->run(stream_, slot, seconds, nullptr);
-  gpu_seconds_ += seconds;
+  const LayerPlacement p = place_experts(jobs, o_.costs);
+  model_cpu_s_ += p.cpu_s;
+  model_gpu_s_ += p.gpu_s;
+  model_copy_s_ += p.copy_s;
+  model_total_s_ += p.total_s;
+  std::vector<Assignment> out(experts.size());
+  // the GPU share on the timeline: kernels from slots first, then each shipped expert's kernel
+  // after its copy (the order place_experts costs)
+  for (size_t i = 0; i < experts.size(); ++i) {
+    out[i].site = p.site[i];
+    if (p.site[i] == ExpertSite::cpu) {
+      ++cpu_uses_;
+    } else if (p.site[i] == ExpertSite::gpu) {
+      ++gpu_uses_;
+      Views v;
+      v.slot = slots[i];
+      const uint8_t* at = cache_->slot_data(slots[i]);
+      v.gate = l.gate_exps.slice(0);
+      v.gate.data = at;
+      v.up = l.up_exps.slice(0);
+      v.up.data = at + l.gate_exps.mat_bytes();
+      v.down = l.down_exps.slice(0);
+      v.down.data = at + l.gate_exps.mat_bytes() + l.up_exps.mat_bytes();
+      out[i].views = v;
+      const double seconds = o_.costs.gpu_seconds(bytes, params, n_tok[i]);
+      cache_->run(stream_, slots[i], seconds, nullptr);
+      gpu_seconds_ += seconds;
+    }
+  }
+  for (size_t i = 0; i < experts.size(); ++i) {
+    if (p.site[i] != ExpertSite::ship) continue;
+    ++ship_uses_;
+    ship_bytes_ += bytes;
+    dev_.wait(stream_, dev_.transfer_h2d(copy_stream_, bytes));
+    const double seconds = o_.costs.gpu_seconds(bytes, params, n_tok[i]);
+    dev_.launch(stream_, {}, seconds, nullptr);
+    gpu_seconds_ += seconds;
+  }
+  return out;
 }
 
 void GpuTier::layer_done(double cpu_seconds) {
@@ -99,7 +127,13 @@ void GpuTier::set_kv(const void* session, uint64_t bytes) {
 GpuTier::Stats GpuTier::stats() const {
   Stats s;
   s.gpu_uses = gpu_uses_;
+  s.ship_uses = ship_uses_;
   s.cpu_uses = cpu_uses_;
+  s.ship_bytes = ship_bytes_;
+  s.model_cpu_s = model_cpu_s_;
+  s.model_gpu_s = model_gpu_s_;
+  s.model_copy_s = model_copy_s_;
+  s.model_total_s = model_total_s_;
   s.promotions = cache_->promotions();
   s.evictions = cache_->evictions();
   s.stalls = cache_->stalls();
@@ -120,16 +154,17 @@ GpuTier::Stats GpuTier::stats() const {
 
 std::string GpuTier::summary() const {
   const Stats s = stats();
-  const uint64_t uses = s.gpu_uses + s.cpu_uses;
+  const uint64_t uses = s.gpu_uses + s.ship_uses + s.cpu_uses;
+  auto pct = [&](uint64_t n) { return uses ? 100.0 * double(n) / double(uses) : 0.0; };
   return strfmt("GPU tier (simulated device, %s of VRAM: %s fixed, %" PRId64 " expert slots of %s for %" PRId64
-                " experts, %s of KV): %.1f%% of %" PRIu64 " expert uses computed from VRAM, %" PRIu64
-                " promotions (%s over PCIe, %.1f ms at %.0f GB/s), %" PRIu64 " evictions, simulated GPU expert "
-                "time %.1f ms at %.0f GB/s",
+                " experts, %s of KV): of %" PRIu64 " expert uses %.1f%% from VRAM, %.1f%% shipped (%s), %.1f%% on the "
+                "CPU; %" PRIu64 " promotions, %" PRIu64 " evictions, %s over PCIe in all; modelled expert time "
+                "(engine/expert_placement.h): CPU %.1f ms, GPU %.1f ms (copies %.1f ms), critical path %.1f ms",
                 format_size(s.vram_bytes).c_str(), format_size(s.fixed_bytes).c_str(), s.slots,
-                format_size(s.slot_bytes).c_str(), s.n_experts, format_size(s.kv_bytes).c_str(),
-                uses ? 100.0 * double(s.gpu_uses) / double(uses) : 0.0, uses, s.promotions,
-                format_bytes(double(s.pcie_bytes)).c_str(), 1e3 * s.pcie_seconds, o_.pcie_gbps, s.evictions,
-                1e3 * s.gpu_seconds, o_.vram_gbps);
+                format_size(s.slot_bytes).c_str(), s.n_experts, format_size(s.kv_bytes).c_str(), uses,
+                pct(s.gpu_uses), pct(s.ship_uses), format_bytes(double(s.ship_bytes)).c_str(), pct(s.cpu_uses),
+                s.promotions, s.evictions, format_bytes(double(s.pcie_bytes)).c_str(), 1e3 * s.model_cpu_s,
+                1e3 * s.model_gpu_s, 1e3 * s.model_copy_s, 1e3 * s.model_total_s);
 }
 
 }  // namespace strata

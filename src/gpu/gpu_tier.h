@@ -1,10 +1,12 @@
 // The GPU tier's routed experts on the simulated device (issue #7, docs/gpu.md). The VRAM cache
-// (vram_cache.h) keeps the hottest experts in slots; moe_ffn computes a routed expert from its
-// slot when the slot is ready (its copy has landed) and from host memory otherwise. On the
-// simulated device both run on the CPU kernels. The slot's copy holds the same bytes, so the
-// results equal the CPU-only path bit for bit. A GPU kernel is costed on the device's timeline
-// as the expert's bytes over the VRAM bandwidth. The dense part (attention, shared experts, head)
-// stays on the CPU: there is no Backend interface yet.
+// (vram_cache.h) keeps the hottest experts in slots. Each layer, place() decides per active expert
+// (engine/expert_placement.h, from the tier's costs): from its slot on the GPU when the slot is
+// ready (its copy has landed), shipped to the GPU for this step when that shortens the layer
+// (prefill batches past the break-even), else on the CPU from host memory. On the simulated
+// device every expert is computed by the CPU kernels: a resident one from its slot (the slot's
+// copy holds the same bytes, so the results equal the CPU-only path bit for bit), a shipped one
+// from host memory; the GPU's kernels and copies are costed on the device's timeline. The dense
+// part (attention, shared experts, head) stays on the CPU: there is no Backend interface yet.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +16,7 @@
 #include <span>
 
 #include "base/error.h"
+#include "engine/expert_placement.h"
 #include "gpu/sim_device.h"
 #include "gpu/vram_cache.h"
 #include "model/weights.h"
@@ -27,8 +30,11 @@ class GpuTier {
  public:
   struct Options {
     uint64_t vram_bytes = 0;  // budgets.vram
-    double pcie_gbps = 25;    // host-to-device copies (hardware.pcie_h2d_gbps)
-    double vram_gbps = 900;   // GPU kernels read expert weights at this rate (hardware.gpu_gbps)
+    // The simulated GPU's rates: PCIe copies, VRAM reads, throughput on quantized weights (an
+    // RTX 3090's class unless hardware.pcie_h2d_gbps / gpu_gbps / gpu_tflops say otherwise), and
+    // the CPU's, which the caller fills from the calibration (hardware.weights_gbps,
+    // cpu_int8_gops): place() compares them.
+    ExpertCosts costs{.cpu_gbps = 0, .cpu_ops = 0, .pcie_gbps = 25, .vram_gbps = 900, .gpu_ops = 140e12};
     gpu::VramCacheParams cache;
   };
   // The arena for `m`: fixed = every weight but the routed experts, scratch = activations of a
@@ -37,15 +43,19 @@ class GpuTier {
 
   // moe_ffn: one layer's routing (the cache's heat).
   void observe(int layer, std::span<const int32_t> ids);
-  // The expert's matrices in its VRAM slot when the slot is ready, else nullopt (the CPU computes
-  // it from host memory). `l` is the layer's weights (types and shapes of the views).
+  // Where each of a layer's active experts runs, with n_tok[i] tokens for experts[i]; the GPU's
+  // share (kernels from slots, copies and kernels of shipped experts) goes on the device's
+  // timeline. `l` is the layer's weights (types and shapes of the views).
   struct Views {
     Weight gate, up, down;
     int slot = -1;
   };
-  std::optional<Views> on_gpu(const LayerWeights& l, int layer, int expert);
-  // The expert of `slot` was computed for n_tok tokens: a kernel on the GPU stream.
-  void ran_on_gpu(int slot, int64_t n_tok);
+  struct Assignment {
+    ExpertSite site = ExpertSite::cpu;
+    std::optional<Views> views;  // site gpu: the expert's matrices in its VRAM slot
+  };
+  std::vector<Assignment> place(const LayerWeights& l, int layer, std::span<const int32_t> experts,
+                                std::span<const int64_t> n_tok);
   // The CPU's share of a layer took `seconds` (host time moves on); the GPU share of the layer
   // is waited for before the next.
   void layer_done(double cpu_seconds);
@@ -57,7 +67,11 @@ class GpuTier {
   void set_kv(const void* session, uint64_t bytes);
 
   struct Stats {
-    uint64_t gpu_uses = 0, cpu_uses = 0;  // expert computations, by where they ran
+    uint64_t gpu_uses = 0, ship_uses = 0, cpu_uses = 0;  // expert computations, by where they ran
+    uint64_t ship_bytes = 0;                             // shipped experts' bytes over PCIe
+    // the layers' modelled shares (place_experts), summed: CPU, GPU (copies and kernels), of which
+    // copies, and the critical path (the longer share of each layer)
+    double model_cpu_s = 0, model_gpu_s = 0, model_copy_s = 0, model_total_s = 0;
     uint64_t promotions = 0, evictions = 0, stalls = 0;
     uint64_t pcie_bytes = 0;
     double pcie_seconds = 0, gpu_seconds = 0;
@@ -75,12 +89,13 @@ class GpuTier {
   Options o_;
   gpu::SimDevice dev_;
   std::unique_ptr<gpu::VramExpertCache> cache_;
-  int stream_ = -1;
+  int stream_ = -1, copy_stream_ = -1;
   uint64_t fixed_ = 0, slot_bytes_ = 0;
   std::map<const void*, uint64_t> kv_;  // per session
   uint64_t kv_overflow_ = 0;
-  uint64_t gpu_uses_ = 0, cpu_uses_ = 0;
+  uint64_t gpu_uses_ = 0, ship_uses_ = 0, cpu_uses_ = 0, ship_bytes_ = 0;
   double gpu_seconds_ = 0;
+  double model_cpu_s_ = 0, model_gpu_s_ = 0, model_copy_s_ = 0, model_total_s_ = 0;
 };
 
 }  // namespace strata

@@ -51,6 +51,15 @@ void SimDevice::copy_h2d(int stream, Buffer& b, uint64_t offset, const void* src
   bytes_copied_ += bytes;
 }
 
+Event SimDevice::transfer_h2d(int stream, uint64_t bytes) {
+  double& t = streams_[size_t(stream)];
+  const double seconds = double(bytes) / (pcie_gbps_ * 1e9);
+  t = std::max(t, host_) + seconds;
+  pcie_seconds_ += seconds;
+  bytes_copied_ += bytes;
+  return t;
+}
+
 void SimDevice::launch(int stream, std::span<const int> reads, double seconds, const std::function<void()>& run) {
   double& t = streams_[size_t(stream)];
   const double start = std::max(t, host_);

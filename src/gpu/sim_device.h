@@ -50,6 +50,10 @@ class SimDevice {
   // Copies `bytes` from host memory into b at `offset`, on `stream`: the bytes land now (the
   // simulation has no asynchrony), the copy occupies [start, start + bytes / pcie) of the stream.
   void copy_h2d(int stream, Buffer& b, uint64_t offset, const void* src, uint64_t bytes);
+  // A copy of `bytes` costed on `stream` like copy_h2d, into the scratch part of the arena that
+  // this simulation does not allocate: a shipped expert (GpuTier), whose kernel the simulation
+  // runs from host memory. Returns the event of its end.
+  Event transfer_h2d(int stream, uint64_t bytes);
   // A kernel reading `reads` on `stream`, lasting `seconds`: `run` executes now on the CPU.
   void launch(int stream, std::span<const int> reads, double seconds, const std::function<void()>& run);
 

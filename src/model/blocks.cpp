@@ -443,20 +443,24 @@ void moe_ffn(const cpu::CpuBackend& be, const LayerWeights& l, const Routing& r,
     if (gpu != nullptr) gpu->observe(layer, std::span<const int32_t>(r.ids.data(), size_t(n_tok * r.k)));
     std::vector<FfnWork> sorted;
     sorted.reserve(ids.size());
-    for (int32_t e : ids) {
-      FfnWork f = work(e);
-      const std::optional<GpuTier::Views> v = gpu != nullptr ? gpu->on_gpu(l, layer, e) : std::nullopt;
-      if (v) {  // from its VRAM slot (the simulated device computes it with the same kernels)
-        gpu->ran_on_gpu(v->slot, int64_t(f.tokens.size()));
-        f.gate = v->gate;
-        f.up = v->up;
-        f.down = v->down;
-      } else {
-        f.gate = l.gate_exps.slice(e);
-        f.up = l.up_exps.slice(e);
-        f.down = l.down_exps.slice(e);
+    for (int32_t e : ids) sorted.push_back(work(e));
+    std::vector<GpuTier::Assignment> sites;
+    if (gpu != nullptr) {
+      std::vector<int64_t> n_of(ids.size());
+      for (size_t i = 0; i < ids.size(); ++i) n_of[i] = int64_t(sorted[i].tokens.size());
+      sites = gpu->place(l, layer, ids, n_of);
+    }
+    for (size_t i = 0; i < ids.size(); ++i) {
+      FfnWork& f = sorted[i];
+      if (!sites.empty() && sites[i].views) {  // from its VRAM slot (the simulated device computes it with the same kernels)
+        f.gate = sites[i].views->gate;
+        f.up = sites[i].views->up;
+        f.down = sites[i].views->down;
+      } else {  // the CPU's, or shipped (the simulated device computes those from host memory too)
+        f.gate = l.gate_exps.slice(ids[i]);
+        f.up = l.up_exps.slice(ids[i]);
+        f.down = l.down_exps.slice(ids[i]);
       }
-      sorted.push_back(std::move(f));
     }
     run_ffns(be, sorted, h, n_tok, glu, out, &cpu::numa_layout());
     if (gpu != nullptr) gpu->layer_done(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
