@@ -46,7 +46,7 @@ int run_hw(const InfoOptions& o) {
       if (l->group_of_thread(t) == g) cores += strfmt("%s%d", cores.empty() ? "" : " ", l->core_of_thread(t));
     std::printf("group %-6d node %d, threads on cores %s\n", g, l->node_of_group(g), cores.c_str());
   }
-  if (l->sharded())
+  if (l->sharded() && l->rows(0, 768).second > l->rows(0, 768).first)
     std::printf("experts     each routed expert's rows split over the %d groups (of 768 rows, group 0 computes "
                 "rows %" PRId64 "-%" PRId64 ", held in node %d's memory)\n",
                 l->n_groups(), l->rows(0, 768).first, l->rows(0, 768).second - 1, l->node_of_group(0));

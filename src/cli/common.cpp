@@ -118,6 +118,7 @@ Result<Loaded> load_model(const CommonOptions& o, const char* cmd) {
     if (stream) return Error{"gpu.simulate with routed experts streamed from NVMe (budgets.ram below the model) is not built"};
     GpuTier::Options go;
     go.vram_bytes = c.vram_budget;
+    go.cache.max_promotions = c.gpu_max_promotions;
     // the simulated GPU's rates unless [hardware] states them; the CPU's from the calibration, or
     // probed now (strata calibrate keeps them), for the placement's comparison
     auto limits = resolve_limits(c);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -127,6 +128,7 @@ std::string PlacementStats::describe(const NumaLayout& l) const {
   s += strfmt("%s%.2f GiB %s", s.empty() ? "" : ", ", double(spread_bytes) / double(1ull << 30),
               l.options().policy == NumaPolicy::node ? "other weights" : "interleaved");
   if (failures > 0) s += strfmt(" (the kernel refused %d range%s: those pages stay where they are)", failures, failures == 1 ? "" : "s");
+  if (!note.empty()) s += "; " + note;
   return s;
 }
 
@@ -151,6 +153,17 @@ std::vector<RowRange> expert_row_ranges(const NumaLayout& l, const Weight& w) {
   return out;
 }
 
+int64_t mapping_headroom() {
+  std::ifstream max_file("/proc/sys/vm/max_map_count");
+  int64_t max_maps = -1;
+  if (!(max_file >> max_maps) || max_maps <= 0) return -1;
+  std::ifstream maps("/proc/self/maps");
+  if (!maps) return -1;
+  int64_t n = 0;
+  for (std::string line; std::getline(maps, line);) ++n;
+  return max_maps - n;
+}
+
 void bind_expert_rows(const NumaLayout& l, const Weight& w, PlacementStats& s) {
   if (!w) return;
   if (!l.sharded()) {
@@ -167,34 +180,42 @@ void bind_expert_rows(const NumaLayout& l, const Weight& w, PlacementStats& s) {
 namespace {
 
 std::mutex g_numa_mutex;
-std::unique_ptr<NumaLayout> g_layout;
+std::shared_ptr<const NumaLayout> g_layout;
+
+// `source`'s topology; for this machine, a flat stand-in of its hardware threads where hwloc
+// cannot load it.
+Result<Topology> load_topology(const std::string& source) {
+  auto t = Topology::load(source);
+  if (t || !source.empty()) return t;
+  return Topology::load(strfmt("core:%u pu:1", std::max(1u, std::thread::hardware_concurrency())));
+}
 
 }  // namespace
 
 Status set_numa(const NumaOptions& o) {
-  auto topo = Topology::load(o.topology);
+  auto topo = load_topology(o.topology);
   if (!topo) return topo.error();
   const int running = compute_pool_threads();  // 0 before the pool starts
   auto l = NumaLayout::make(o, std::move(topo).value(), running > 0 ? running : requested_compute_threads());
   if (!l) return l.error();
   std::lock_guard lock(g_numa_mutex);
-  g_layout = std::make_unique<NumaLayout>(std::move(*l));
+  g_layout = std::make_shared<const NumaLayout>(std::move(*l));
   if (running > 0) compute_pool().set_groups(g_layout->thread_groups());
   return {};
 }
 
-const NumaLayout& numa_layout() {
+std::shared_ptr<const NumaLayout> numa_snapshot() {
   std::lock_guard lock(g_numa_mutex);
   if (g_layout == nullptr) {
-    // this machine; a flat stand-in of its hardware threads where hwloc cannot load it
-    auto t = Topology::load("");
-    if (!t) t = Topology::load(strfmt("core:%u pu:1", std::max(1u, std::thread::hardware_concurrency())));
+    auto t = load_topology("");
     STRATA_CHECK(t.ok(), "no topology for this machine");
     auto l = NumaLayout::make(NumaOptions{}, std::move(t).value(), requested_compute_threads());
     STRATA_CHECK(l.ok(), "the default NUMA layout of this machine");
-    g_layout = std::make_unique<NumaLayout>(std::move(*l));
+    g_layout = std::make_shared<const NumaLayout>(std::move(*l));
   }
-  return *g_layout;
+  return g_layout;
 }
+
+const NumaLayout& numa_layout() { return *numa_snapshot(); }
 
 }  // namespace strata::cpu

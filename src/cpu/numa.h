@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -32,7 +33,7 @@ enum class NumaPolicy { shard, interleave, node };
 
 struct NumaOptions {
   NumaPolicy policy = NumaPolicy::shard;
-  int node = 0;          // node:N
+  int node = 0;          // node:N: hwloc's logical node index, as `strata info --hw` lists them
   std::string topology;  // "": this machine; else a stand-in (Topology::load)
 };
 
@@ -72,11 +73,12 @@ class NumaLayout {
 };
 
 // What placing weights did: bytes bound to each group's node, bytes interleaved (or bound to
-// node N), and whether the kernel refused any range.
+// node N), whether the kernel refused any range, and a fallback taken.
 struct PlacementStats {
   std::vector<uint64_t> group_bytes;
   uint64_t spread_bytes = 0;
   int failures = 0;
+  std::string note;  // a fallback taken, and why
   std::string describe(const NumaLayout& l) const;
 };
 
@@ -89,6 +91,10 @@ struct RowRange {
 };
 std::vector<RowRange> expert_row_ranges(const NumaLayout& l, const Weight& w);
 
+// How many more memory mappings this process may make: vm.max_map_count less the mappings it
+// has now (/proc); -1 when unknown. Every bound range can become its own mapping.
+int64_t mapping_headroom();
+
 // Binds a stacked expert weight: under shard each expert_row_ranges() range to its group's node;
 // otherwise as bind_spread.
 void bind_expert_rows(const NumaLayout& l, const Weight& w, PlacementStats& s);
@@ -98,9 +104,12 @@ void bind_spread(const NumaLayout& l, const void* p, size_t n, PlacementStats& s
 
 // The process-wide layout of the compute pool. set_numa() before the pool starts fixes its
 // threads' placement (pinning, cores); after, it regroups the running pool's threads (tests and
-// planning on stand-in topologies; nothing is re-pinned). n_threads 0: set_compute_threads's
-// count or the default.
+// planning on stand-in topologies; nothing is re-pinned), and must not run during a forward pass.
+// Where hwloc cannot load this machine, a flat stand-in of its hardware threads takes its place.
 Status set_numa(const NumaOptions& o);
+// The current layout; numa_layout()'s reference lasts until the next set_numa(), a snapshot as
+// long as it is held (what a forward pass keeps).
 const NumaLayout& numa_layout();
+std::shared_ptr<const NumaLayout> numa_snapshot();
 
 }  // namespace strata::cpu

@@ -34,7 +34,7 @@ ThreadPool::ThreadPool(int n_threads, bool pin)
       }) {}
 
 ThreadPool::ThreadPool(std::vector<int> groups, const std::function<void(int thread)>& on_start)
-    : n_threads_(int(groups.size())), on_start_(on_start) {
+    : n_threads_(int(groups.size())) {
   STRATA_CHECK(n_threads_ >= 1, "a thread pool needs at least one thread");
   group_ = std::make_unique<std::atomic<int>[]>(size_t(n_threads_));
   tickets_ = std::make_unique<Ticket[]>(size_t(n_threads_));
@@ -125,14 +125,9 @@ void ThreadPool::dispatch(const Job& job) {
   const int64_t n_tasks = job.starts[job.n_ranges];
   STRATA_CHECK(n_tasks <= kMaxTasks, "too many tasks in one run");
   std::lock_guard lock(run_mutex_);
-  if (on_start_) {  // the caller is thread 0: placed once, as the workers are
-    thread_local const ThreadPool* started = nullptr;
-    if (started != this) {
-      started = this;
-      on_start_(0);
-    }
-  }
-  const int n_tickets = job.grouped ? n_groups() : 1;
+  const int n_live = n_groups();  // tickets threads may read: their groups'
+  STRATA_CHECK(!job.grouped || job.n_ranges == n_live, "run_grouped: one range per group");
+  const int n_tickets = job.grouped ? n_live : 1;
   ctx_.store(job.ctx, std::memory_order_relaxed);
   call_.store(job.call, std::memory_order_relaxed);
   done_.store(0, std::memory_order_relaxed);
@@ -140,7 +135,7 @@ void ThreadPool::dispatch(const Job& job) {
   const uint64_t job_number = ((tickets_[0].v.load(std::memory_order_relaxed) >> kJobShift) + 1) & 0x7fff;
   const uint64_t head = (job_number << kJobShift) | (job.grouped ? kGroupedBit : 0);
   // tickets 1.. first, then ticket 0, which publishes the fields above and the other tickets
-  for (int g = n_threads_ - 1; g >= 0; --g) {
+  for (int g = n_live - 1; g >= 0; --g) {
     uint64_t v = head;
     if (g < n_tickets) {
       STRATA_CHECK(job.starts[g] <= job.starts[g + 1], "run_grouped: ranges out of order");

@@ -31,14 +31,16 @@ class ThreadPool {
   // is bound to core i (hwloc; silently unpinned where binding fails).
   ThreadPool(int n_threads, bool pin);
   // n = groups.size() threads; thread i in group groups[i] (every group 0..max must have a thread),
-  // started with on_start(i) (pinning) when given; every thread that calls run() gets on_start(0)
-  // once, before its first run (it is thread 0 of the runs it calls).
+  // workers started with on_start(i) (pinning) when given. The caller of run() is thread 0 and is
+  // never pinned (threads it starts later, OpenMP's among them, inherit its mask).
   ThreadPool(std::vector<int> groups, const std::function<void(int thread)>& on_start);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return n_threads_; }
+  // Whether the calling thread is running a task of some pool (a run from it is serial).
+  static bool in_pool() { return tl_in_pool; }
   int n_groups() const { return n_groups_.load(std::memory_order_relaxed); }
   int group_of(int thread) const { return group_[size_t(thread)].load(std::memory_order_relaxed); }
   // Regroups the threads (same rules as the constructor; waits for a run in progress).
@@ -64,7 +66,8 @@ class ThreadPool {
 
   // Like run(), with tasks by group: group g's are [starts[g], starts[g + 1]) and run only on
   // threads of group g (starts.size() == n_groups() + 1, non-decreasing from 0). A run_grouped()
-  // from inside fn, or on a one-thread pool, runs its tasks serially on the calling thread.
+  // from inside fn, or on a one-thread pool, runs its tasks serially on the calling thread in
+  // index order (so a task must not wait for a later group's: see in_pool()).
   template <class F>
   void run_grouped(const std::vector<int64_t>& starts, F&& fn) {
     STRATA_CHECK(int(starts.size()) == n_groups() + 1 && starts.front() == 0, "run_grouped: one range per group");
@@ -120,7 +123,6 @@ class ThreadPool {
   std::atomic<int> sleepers_{0};                      // workers in (or entering) a futex wait
   std::atomic<bool> stop_{false};
   std::vector<std::thread> workers_;
-  std::function<void(int thread)> on_start_;
 };
 
 // The pool the forward pass uses. Created at first use from numa_layout() (cpu/numa.h): its

@@ -85,17 +85,20 @@ void Topology::read() {
     if (n->cpuset != nullptr) info.n_pus = hwloc_get_nbobjs_inside_cpuset_by_type(topo_, n->cpuset, HWLOC_OBJ_PU);
     nodes_.push_back(info);
   }
-  // each core to the first node whose cpuset holds it (node 0 when none does: a memory-only layout)
+  // each core to the closest node whose cpuset holds it: the one with the fewest hardware threads
+  // (a memory-only node attached high in the tree, CXL or HBM, spans many cores but is no core's
+  // own); node 0 when none holds it
   core_node_.assign(size_t(n_cores_), 0);
   for (int c = 0; c < n_cores_; ++c) {
     hwloc_obj_t core = hwloc_get_obj_by_type(topo_, ct, unsigned(c));
+    int best = -1;
     for (int i = 0; i < n_nodes; ++i) {
       hwloc_obj_t n = hwloc_get_obj_by_type(topo_, HWLOC_OBJ_NUMANODE, unsigned(i));
-      if (core->cpuset != nullptr && n->cpuset != nullptr && hwloc_bitmap_isincluded(core->cpuset, n->cpuset)) {
-        core_node_[size_t(c)] = i;
-        break;
-      }
+      if (core->cpuset != nullptr && n->cpuset != nullptr && hwloc_bitmap_isincluded(core->cpuset, n->cpuset) &&
+          (best < 0 || nodes_[size_t(i)].n_pus < nodes_[size_t(best)].n_pus))
+        best = i;
     }
+    core_node_[size_t(c)] = std::max(best, 0);
     nodes_[size_t(core_node_[size_t(c)])].cores.push_back(c);
   }
   // caches: count and size per (level, kind)

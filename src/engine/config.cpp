@@ -146,6 +146,8 @@ const std::vector<KeySpec>& key_specs() {
          c.gpu_simulate = *n.value<bool>();
          return std::nullopt;
        }},
+      {"gpu", "max_promotions", "hot experts copied into the VRAM cache per decode step at most (PCIe it may take)",
+       [](const toml::node& n, Config& c) { return read_int(n, 0, 4096, c.gpu_max_promotions); }},
       {"cpu", "threads", "compute threads (0: one per physical core)",
        [](const toml::node& n, Config& c) { return read_int(n, 0, 4096, c.threads); }},
       {"cpu", "pin", "pin compute threads to cores (hwloc)",

@@ -62,6 +62,7 @@ struct Config {
 
   // [gpu]
   bool gpu_simulate = false;  // the GPU tier on the simulated device (docs/gpu.md)
+  int gpu_max_promotions = 4;  // experts copied into the VRAM cache per step at most
 
   // [cpu]
   int threads = 0;  // 0: one per physical core

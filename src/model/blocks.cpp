@@ -273,7 +273,9 @@ void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const
     return v == nullptr || v->state->load(std::memory_order_relaxed) != ExpertStore::kLoading;
   });
   // per group: its gate/up tasks, then its down tasks
-  const bool sharded = numa != nullptr && numa->sharded();
+  // (a nested run is serial, in index order: a group's down tasks would wait for a later group's
+  // gate/up tasks forever, so it is not cut by group)
+  const bool sharded = numa != nullptr && numa->sharded() && !cpu::ThreadPool::in_pool();
   STRATA_CHECK(!sharded || numa->n_groups() == pool.n_groups(), "the compute pool's groups are the NUMA layout's");
   const int n_groups = sharded ? numa->n_groups() : 1;
   std::vector<RowTask> tasks;
@@ -462,7 +464,7 @@ void moe_ffn(const cpu::CpuBackend& be, const LayerWeights& l, const Routing& r,
         f.down = l.down_exps.slice(ids[i]);
       }
     }
-    run_ffns(be, sorted, h, n_tok, glu, out, &cpu::numa_layout());
+    run_ffns(be, sorted, h, n_tok, glu, out, cpu::numa_snapshot().get());
     if (gpu != nullptr) gpu->layer_done(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return;
   }
@@ -470,6 +472,7 @@ void moe_ffn(const cpu::CpuBackend& be, const LayerWeights& l, const Routing& r,
   // RAM), computed (ready experts first) and released. Groups go in id order and run_ffns adds each
   // token's experts in id order, so `out` sums exactly as in one call.
   const size_t chunk = size_t(store->chunk_experts());
+  const std::shared_ptr<const cpu::NumaLayout> numa = cpu::numa_snapshot();
   store->begin_layer(layer, ids);
   for (size_t c0 = 0; c0 < ids.size(); c0 += chunk) {
     const std::span<const int32_t> group(ids.data() + c0, std::min(chunk, ids.size() - c0));
@@ -484,7 +487,7 @@ void moe_ffn(const cpu::CpuBackend& be, const LayerWeights& l, const Routing& r,
       f.view = &views[i];
       part.push_back(std::move(f));
     }
-    run_ffns(be, part, h, n_tok, glu, out, &cpu::numa_layout());
+    run_ffns(be, part, h, n_tok, glu, out, numa.get());
     store->release(views);
   }
 }

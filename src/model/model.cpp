@@ -649,6 +649,7 @@ cpu::PlacementStats place_in_numa(const Model& m, const cpu::NumaLayout& l, std:
     return skip("weights not read into RAM (mapped file or streamed experts): the page cache decides where they are");
   // the routed experts by their rows (under shard), then every byte between them spread (so no
   // page moves twice)
+  const std::span<const uint8_t> all = m.file().bytes_;
   std::vector<const Weight*> experts;
   auto add = [&](const LayerWeights& lw) {
     for (const Weight* w : {&lw.gate_exps, &lw.up_exps, &lw.down_exps})
@@ -657,7 +658,23 @@ cpu::PlacementStats place_in_numa(const Model& m, const cpu::NumaLayout& l, std:
   for (const LayerWeights& lw : m.layers) add(lw);
   if (m.mtp != nullptr) add(m.mtp->block);
   std::sort(experts.begin(), experts.end(), [](const Weight* a, const Weight* b) { return a->data < b->data; });
-  const std::span<const uint8_t> all = m.file().bytes_;
+  // each bound range can become a mapping of its own: shard binds one per expert matrix and node,
+  // which for DeepSeek-V3 on 2 nodes is ~90k, past Linux's default vm.max_map_count (65530).
+  // Beyond half the headroom the experts are interleaved instead, and the note says what to raise.
+  if (l.sharded()) {
+    int64_t ranges = 0;
+    for (const Weight* w : experts) ranges += w->n_mat * l.n_groups();
+    const int64_t headroom = cpu::mapping_headroom();
+    if (headroom >= 0 && ranges > headroom / 2) {
+      s.note = strfmt("shard needs ~%lld memory mappings for the experts' rows, more than half of the %lld that "
+                      "vm.max_map_count leaves: experts interleaved instead (sysctl -w vm.max_map_count=%lld lets "
+                      "shard bind them)",
+                      static_cast<long long>(ranges), static_cast<long long>(headroom),
+                      static_cast<long long>(2 * ranges + 65536));
+      cpu::bind_spread(l, all.data(), all.size(), s);
+      return s;
+    }
+  }
   const uint8_t* at = all.data();
   for (const Weight* w : experts) {
     if (w->data > at) cpu::bind_spread(l, at, size_t(w->data - at), s);
