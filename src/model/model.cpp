@@ -660,17 +660,17 @@ cpu::PlacementStats place_in_numa(const Model& m, const cpu::NumaLayout& l, std:
   std::sort(experts.begin(), experts.end(), [](const Weight* a, const Weight* b) { return a->data < b->data; });
   // each bound range can become a mapping of its own: shard binds one per expert matrix and node,
   // which for DeepSeek-V3 on 2 nodes is ~90k, past Linux's default vm.max_map_count (65530).
-  // Beyond half the headroom the experts are interleaved instead, and the note says what to raise.
+  // Unless 8192 mappings stay free for the rest of the process (thread stacks, large allocations),
+  // the experts are interleaved instead, and the note says what to raise.
   if (l.sharded()) {
     int64_t ranges = 0;
     for (const Weight* w : experts) ranges += w->n_mat * l.n_groups();
     const int64_t headroom = cpu::mapping_headroom();
-    if (headroom >= 0 && ranges > headroom / 2) {
-      s.note = strfmt("shard needs ~%lld memory mappings for the experts' rows, more than half of the %lld that "
-                      "vm.max_map_count leaves: experts interleaved instead (sysctl -w vm.max_map_count=%lld lets "
-                      "shard bind them)",
+    if (headroom >= 0 && ranges > headroom - 8192) {
+      s.note = strfmt("shard needs ~%lld memory mappings for the experts' rows and vm.max_map_count leaves %lld: "
+                      "experts interleaved instead (sysctl -w vm.max_map_count=%lld lets shard bind them)",
                       static_cast<long long>(ranges), static_cast<long long>(headroom),
-                      static_cast<long long>(2 * ranges + 65536));
+                      static_cast<long long>(ranges + 65536));
       cpu::bind_spread(l, all.data(), all.size(), s);
       return s;
     }
