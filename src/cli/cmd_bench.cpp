@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -69,7 +70,30 @@ struct TestResult {
   // wall time (cpu/numa.h; last repetition)
   std::vector<double> node_bytes_per_token, node_gbps;
   std::string node_text;
+  // The simulated GPU tier's split of this test's expert uses and its modelled times (last rep)
+  double gpu_vram_share = 0, gpu_ship_share = 0, gpu_cpu_share = 0;
+  double gpu_model_cpu_ms = 0, gpu_model_gpu_ms = 0, gpu_model_copy_ms = 0;  // per token
+  std::string gpu_text;
 };
+
+// The GPU tier's figures of one run: where the expert uses went, and the modelled expert time per
+// token of each side.
+void gpu_figures(const GpuTier::Stats& a, const GpuTier::Stats& b, double tokens, TestResult& r) {
+  const double gpu = double(b.gpu_uses - a.gpu_uses), ship = double(b.ship_uses - a.ship_uses),
+               cpu = double(b.cpu_uses - a.cpu_uses), uses = gpu + ship + cpu;
+  if (uses <= 0) return;
+  r.gpu_vram_share = gpu / uses;
+  r.gpu_ship_share = ship / uses;
+  r.gpu_cpu_share = cpu / uses;
+  r.gpu_model_cpu_ms = 1e3 * (b.model_cpu_s - a.model_cpu_s) / tokens;
+  r.gpu_model_gpu_ms = 1e3 * (b.model_gpu_s - a.model_gpu_s) / tokens;
+  r.gpu_model_copy_ms = 1e3 * (b.model_copy_s - a.model_copy_s) / tokens;
+  r.gpu_text = strfmt("simulated GPU: expert uses %.1f%% from VRAM, %.1f%% shipped, %.1f%% on the CPU (%" PRId64
+                      " of %" PRId64 " experts resident); modelled expert time per token: CPU %.2f ms, GPU %.2f ms "
+                      "(of which PCIe %.2f ms)",
+                      100 * r.gpu_vram_share, 100 * r.gpu_ship_share, 100 * r.gpu_cpu_share, b.resident, b.n_experts,
+                      r.gpu_model_cpu_ms, r.gpu_model_gpu_ms, r.gpu_model_copy_ms);
+}
 
 // Per NUMA group: the expert bytes its threads read per token and their rate over `sec`.
 void node_figures(double tokens, double sec, TestResult& r) {
@@ -286,6 +310,7 @@ int run_bench(const BenchOptions& o) {
       const double limit_before = probe();
       if (store != nullptr) store->reset_stats();
       prof::reset();
+      const GpuTier::Stats gpu_before = m.gpu_tier ? m.gpu_tier->stats() : GpuTier::Stats{};
       prof::enable(o.profile);
       const auto t0 = std::chrono::steady_clock::now();
       if (t.prefill) {
@@ -324,6 +349,7 @@ int run_bench(const BenchOptions& o) {
       }
       if (o.profile) r.profile_text = profile_line(t.n);
       node_figures(double(t.n) * (t.prefill ? 1 : t.streams), sec, r);
+      if (m.gpu_tier) gpu_figures(gpu_before, m.gpu_tier->stats(), double(t.n) * (t.prefill ? 1 : t.streams), r);
       if (store != nullptr) nvme_figures(store->stats(), double(t.n) * (t.prefill ? 1 : t.streams), nvme_probe_gbps, r);
     }
     if (!o.json) {
@@ -333,6 +359,7 @@ int run_bench(const BenchOptions& o) {
       if (o.profile) std::printf("    %s\n", r.profile_text.c_str());
       if (store != nullptr) std::printf("    %s\n", r.nvme_text.c_str());
       std::printf("    %s\n", r.node_text.c_str());
+      if (!r.gpu_text.empty()) std::printf("    %s\n", r.gpu_text.c_str());
       std::fflush(stdout);
     }
     results.push_back(std::move(r));
@@ -366,6 +393,11 @@ int run_bench(const BenchOptions& o) {
                      {"numa_policy", cpu::numa_policy_name(cpu::numa_layout().options())},
                      {"node_expert_bytes_per_token", r.node_bytes_per_token},
                      {"node_expert_gbps", r.node_gbps},
+                     {"gpu_vram_share", r.gpu_vram_share},
+                     {"gpu_ship_share", r.gpu_ship_share},
+                     {"gpu_cpu_share", r.gpu_cpu_share},
+                     {"gpu_model_cpu_ms_per_token", r.gpu_model_cpu_ms},
+                     {"gpu_model_gpu_ms_per_token", r.gpu_model_gpu_ms},
                      {"routing", o.routing}});
     }
     std::printf("%s\n", arr.dump(2).c_str());
