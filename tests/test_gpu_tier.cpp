@@ -141,5 +141,67 @@ TEST(GpuTier, PrefillShipsBusyExpertsDecodeDoesNot) {
   m->gpu_tier.reset();
 }
 
+// Warm start: the counts one run saves fill a new tier's slots at once with that run's hottest
+// experts, so its first steps serve from VRAM where a cold tier cannot; files of another shape or
+// not strata's are clear errors.
+TEST(GpuTier, WarmStartFromSavedRoutingCounts) {
+  std::vector<uint8_t> bytes;
+  auto m = test::synth_q8_model("tiny", bytes);
+  ASSERT_TRUE(m);
+  const auto dir = test::scratch_dir("gpu-heat");
+  const std::string path = (dir / "heat.txt").string();
+  const std::vector<int32_t> ids = test::random_ids(40, 9, m->hparams().n_vocab);
+  auto decode = [&](int n) {
+    Session s(*m, 64);
+    for (int i = 0; i < n; ++i) ASSERT_TRUE(s.eval(std::span<const int32_t>(&ids[size_t(i)], 1)).ok());
+  };
+  const GpuTier::Options o{.vram_bytes = budget_for(*m, 6)};
+  std::vector<double> saved;
+  {
+    auto tier = GpuTier::create_simulated(*m, o);
+    ASSERT_TRUE(tier.ok());
+    m->gpu_tier = std::move(*tier);
+    decode(40);
+    ASSERT_TRUE(m->gpu_tier->save_heat(path).ok());
+    m->gpu_tier.reset();
+  }
+  auto first_steps_from_vram = [&](bool warm) -> uint64_t {
+    auto tier = GpuTier::create_simulated(*m, o);
+    EXPECT_TRUE(tier.ok());
+    m->gpu_tier = std::move(*tier);
+    if (warm) {
+      auto n = m->gpu_tier->load_heat(path);
+      EXPECT_TRUE(n.ok()) << (n.ok() ? "" : n.error().message);
+      EXPECT_EQ(n.ok() ? *n : -1, 6);  // every slot filled at once
+      EXPECT_EQ(m->gpu_tier->stats().resident, 6);
+    }
+    decode(2);
+    const uint64_t uses = m->gpu_tier->stats().gpu_uses;
+    m->gpu_tier.reset();
+    return uses;
+  };
+  const uint64_t cold = first_steps_from_vram(false), warm = first_steps_from_vram(true);
+  EXPECT_GT(warm, cold) << "warm " << warm << ", cold " << cold;
+
+  // errors name the problem; nothing is half-loaded
+  auto tier = GpuTier::create_simulated(*m, o);
+  ASSERT_TRUE(tier.ok());
+  auto expect_error = [&](const std::string& text, const char* what) {
+    test::write_file(dir / "bad.txt", std::vector<uint8_t>(text.begin(), text.end()));
+    auto r = (*tier)->load_heat((dir / "bad.txt").string());
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_NE(r.error().message.find(what), std::string::npos) << r.error().message;
+    EXPECT_EQ((*tier)->stats().resident, 0);
+  };
+  expect_error("hello\n", "not a routing-statistics file");
+  expect_error("strata-expert-heat 1\nlayers 99 experts 8\n", "this model has");
+  expect_error("strata-expert-heat 1\nlayers " + std::to_string(m->hparams().n_layer) + " experts " +
+                   std::to_string(m->hparams().n_expert) + "\n1 2 3\n",
+               "missing");
+  auto missing = (*tier)->load_heat((dir / "no-such-file").string());
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.error().message.find("cannot read"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace strata

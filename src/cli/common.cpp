@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 
 #include "cpu/calibrate.h"
@@ -134,6 +135,15 @@ Result<Loaded> load_model(const CommonOptions& o, const char* cmd) {
     auto tier = GpuTier::create_simulated(**m, go);
     if (!tier) return Error{"config " + c.source + ": " + tier.error().message};
     (*m)->gpu_tier = std::move(*tier);
+    if (!c.gpu_heat_file.empty()) {
+      std::error_code ec;
+      if (std::filesystem::exists(c.gpu_heat_file, ec)) {
+        auto warm = (*m)->gpu_tier->load_heat(c.gpu_heat_file);
+        if (!warm) return Error{"config " + c.source + ": " + warm.error().message};
+        how += strfmt(", warm start: %d experts from %s", *warm, c.gpu_heat_file.c_str());
+      }
+      (*m)->gpu_tier->save_heat_at_exit(c.gpu_heat_file);
+    }
     const GpuTier::Stats st = (*m)->gpu_tier->stats();
     how += strfmt(", simulated GPU: %" PRId64 " expert slots of %s for %" PRId64 " experts (%s)", st.slots,
                   format_size(st.slot_bytes).c_str(), st.n_experts, go.costs.describe().c_str());

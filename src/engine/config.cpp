@@ -148,6 +148,8 @@ const std::vector<KeySpec>& key_specs() {
        }},
       {"gpu", "max_promotions", "hot experts copied into the VRAM cache per decode step at most (PCIe it may take)",
        [](const toml::node& n, Config& c) { return read_int(n, 0, 4096, c.gpu_max_promotions); }},
+      {"gpu", "heat_file", "routing statistics: read at start to fill the VRAM cache at once, written at exit (\"\": none)",
+       [](const toml::node& n, Config& c) { return read_string(n, c.gpu_heat_file); }},
       {"cpu", "threads", "compute threads (0: one per physical core)",
        [](const toml::node& n, Config& c) { return read_int(n, 0, 4096, c.threads); }},
       {"cpu", "pin", "pin compute threads to cores (hwloc)",

@@ -63,6 +63,7 @@ struct Config {
   // [gpu]
   bool gpu_simulate = false;  // the GPU tier on the simulated device (docs/gpu.md)
   int gpu_max_promotions = 4;  // experts copied into the VRAM cache per step at most
+  std::string gpu_heat_file;   // routing counts: loaded at start (warm start), saved at exit
 
   // [cpu]
   int threads = 0;  // 0: one per physical core

@@ -1,13 +1,23 @@
 #include "gpu/gpu_tier.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 
 #include "model/model.h"
 
 namespace strata {
 
 GpuTier::GpuTier(const Model& m, const Options& o) : m_(m), o_(o), dev_(o.vram_bytes, o.costs.pcie_gbps) {}
+
+GpuTier::~GpuTier() {
+  if (heat_file_.empty() || cache_ == nullptr) return;
+  if (const Status st = save_heat(heat_file_); !st) std::fprintf(stderr, "strata: %s\n", st.error().message.c_str());
+}
 
 Result<std::unique_ptr<GpuTier>> GpuTier::create_simulated(const Model& m, const Options& o) {
   const HParams& hp = m.hparams();
@@ -98,15 +108,63 @@ void GpuTier::layer_done(double cpu_seconds) {
   dev_.wait(stream_, dev_.host_time());
 }
 
-void GpuTier::end_step() {
-  cache_->end_step([&](int layer, int e) {
-    const LayerWeights& l = m_.layers[size_t(layer)];
+
+namespace {
+constexpr const char* kHeatMagic = "strata-expert-heat 1";
+
+gpu::VramExpertCache::HostBytes host_bytes(const Model& m) {
+  return [&m](int layer, int e) {
+    const LayerWeights& l = m.layers[size_t(layer)];
     std::vector<std::span<const uint8_t>> pieces;
-    for (const Weight* w : {&l.gate_exps, &l.up_exps, &l.down_exps})
-      pieces.emplace_back(w->slice(e).data, w->mat_bytes());
+    for (const Weight* w : {&l.gate_exps, &l.up_exps, &l.down_exps}) pieces.emplace_back(w->slice(e).data, w->mat_bytes());
     return pieces;
-  });
+  };
 }
+}  // namespace
+
+Result<int> GpuTier::load_heat(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Error{strfmt("gpu.heat_file %s: cannot read it: %s", path.c_str(), std::strerror(errno))};
+  const int L = m_.hparams().n_layer, E = std::max(1, m_.hparams().n_expert);
+  std::string magic;
+  std::getline(in, magic);
+  std::string w_layers, w_experts;
+  long long layers = -1, experts = -1;
+  if (magic != kHeatMagic || !(in >> w_layers >> layers >> w_experts >> experts) || w_layers != "layers" ||
+      w_experts != "experts")
+    return Error{strfmt("gpu.heat_file %s: not a routing-statistics file strata wrote (first line \"%s\")",
+                        path.c_str(), kHeatMagic)};
+  if (layers != L || experts != E)
+    return Error{strfmt("gpu.heat_file %s: counts for %lld layers x %lld experts, this model has %d x %d", path.c_str(),
+                        layers, experts, L, E)};
+  std::vector<double> heat(size_t(L) * size_t(E));
+  for (size_t i = 0; i < heat.size(); ++i)
+    if (!(in >> heat[i]) || !std::isfinite(heat[i]) || heat[i] < 0)
+      return Error{strfmt("gpu.heat_file %s: count %zu of %zu is missing or not a non-negative number", path.c_str(),
+                          i + 1, heat.size())};
+  return cache_->warm_start(heat, host_bytes(m_));
+}
+
+Status GpuTier::save_heat(const std::string& path) const {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) return Error{strfmt("gpu.heat_file %s: cannot write it: %s", tmp.c_str(), std::strerror(errno))};
+    const int L = m_.hparams().n_layer, E = std::max(1, m_.hparams().n_expert);
+    out << kHeatMagic << "\nlayers " << L << " experts " << E << "\n";
+    const std::vector<double>& h = cache_->heat_table();
+    for (int l = 0; l < L; ++l) {
+      for (int e = 0; e < E; ++e) out << (e ? " " : "") << strfmt("%.6g", h[size_t(l) * size_t(E) + size_t(e)]);
+      out << "\n";
+    }
+    if (!out.flush()) return Error{strfmt("gpu.heat_file %s: write failed", tmp.c_str())};
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    return Error{strfmt("gpu.heat_file %s: cannot replace it: %s", path.c_str(), std::strerror(errno))};
+  return {};
+}
+
+void GpuTier::end_step() { cache_->end_step(host_bytes(m_)); }
 
 void GpuTier::set_kv(const void* session, uint64_t bytes) {
   if (bytes == 0)

@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 
 #include "base/error.h"
 #include "engine/expert_placement.h"
@@ -61,6 +62,16 @@ class GpuTier {
   void layer_done(double cpu_seconds);
   // After a forward pass: promotions.
   void end_step();
+
+  // Warm start (gpu.heat_file): the routing counts an earlier run saved, for this model's shape;
+  // the hottest experts are promoted at once. Errors: unreadable or malformed file, another shape
+  // (named in the message). Returns the experts promoted.
+  Result<int> load_heat(const std::string& path);
+  // Writes the current counts for a later load_heat (text; replaced atomically).
+  Status save_heat(const std::string& path) const;
+  // Where the destructor saves the counts ("" : nowhere); a failure is one line on stderr.
+  void save_heat_at_exit(std::string path) { heat_file_ = std::move(path); }
+  ~GpuTier();
   // A session's KV cache now holds `bytes`: the arena's KV part is the sum over sessions (0: the
   // session is gone). Beyond what the arena can give, the KV part stays at its most and the
   // excess is counted (kv_overflow_bytes): the real KV cache is in host memory, so nothing fails.
@@ -93,6 +104,7 @@ class GpuTier {
   uint64_t fixed_ = 0, slot_bytes_ = 0;
   std::map<const void*, uint64_t> kv_;  // per session
   uint64_t kv_overflow_ = 0;
+  std::string heat_file_;
   uint64_t gpu_uses_ = 0, ship_uses_ = 0, cpu_uses_ = 0, ship_bytes_ = 0;
   double gpu_seconds_ = 0;
   double model_cpu_s_ = 0, model_gpu_s_ = 0, model_copy_s_ = 0, model_total_s_ = 0;

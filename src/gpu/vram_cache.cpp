@@ -103,15 +103,25 @@ void VramExpertCache::observe(int layer, std::span<const int32_t> ids) {
 
 int VramExpertCache::end_step(const HostBytes& host) {
   for (double& h : heat_) h *= p_.decay;
-  if (slots_.empty()) return 0;
+  return promote(p_.max_promotions, host);
+}
+
+int VramExpertCache::warm_start(std::span<const double> heat, const HostBytes& host) {
+  STRATA_CHECK(heat.size() == heat_.size(), "warm_start: one count per (layer, expert)");
+  heat_.assign(heat.begin(), heat.end());
+  return promote(int(std::min<size_t>(slots_.size(), size_t(1) << 30)), host);
+}
+
+int VramExpertCache::promote(int limit, const HostBytes& host) {
+  if (slots_.empty() || limit <= 0) return 0;
   // candidates: the hottest non-resident experts, hottest first
   std::vector<int> order(heat_.size());
   std::iota(order.begin(), order.end(), 0);
-  const size_t n_cand = std::min<size_t>(order.size(), size_t(p_.max_promotions) + slots_.size());
+  const size_t n_cand = std::min<size_t>(order.size(), size_t(limit) + slots_.size());
   std::partial_sort(order.begin(), order.begin() + long(n_cand), order.end(),
                     [&](int a, int b) { return heat_[size_t(a)] > heat_[size_t(b)]; });
   int done = 0;
-  for (size_t c = 0; c < n_cand && done < p_.max_promotions; ++c) {
+  for (size_t c = 0; c < n_cand && done < limit; ++c) {
     const int key = order[c];
     if (where_[size_t(key)] >= 0 || heat_[size_t(key)] <= 0) continue;
     const int victim = coldest_slot();

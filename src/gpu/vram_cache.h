@@ -62,6 +62,11 @@ class VramExpertCache {
   // copied one after the other into the slot, slot_bytes in all.
   using HostBytes = std::function<std::vector<std::span<const uint8_t>>(int layer, int expert)>;
   int end_step(const HostBytes& host);
+  // Warm start: the counts become `heat` ([layer][expert], from an earlier run's heat_table())
+  // and the hottest experts are promoted at once, as many as there are slots (their copies are
+  // queued on the copy stream like any promotion). Returns how many.
+  int warm_start(std::span<const double> heat, const HostBytes& host);
+  const std::vector<double>& heat_table() const { return heat_; }
 
   // The slot that can serve (layer, expert) for a kernel on `stream` now: resident, and its copy
   // completed by the stream's time. -1: compute it on the CPU.
@@ -90,6 +95,8 @@ class VramExpertCache {
   VramExpertCache(SimDevice& dev, uint64_t slot_bytes, int n_layer, int n_expert, VramCacheParams p);
   // Fills the free memory with slots.
   void grow_slots();
+  // Promotes at most `limit` of the hottest non-resident experts (end_step's rule).
+  int promote(int limit, const HostBytes& host);
   // The resident slot of the coldest expert (or an empty slot), -1 if none.
   int coldest_slot() const;
   void drop_slot(size_t i);
