@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# One command for a machine with an NVIDIA GPU (issue #7, docs/gpu.md): builds strata with the
+# CUDA library for sm_86, sm_89, sm_90 and sm_120, runs the whole test suite there (the GPU tests
+# among it), records what the driver reports, then benchmarks the GPU tier at VRAM budgets of 8 and
+# 24 GiB (an RTX 5060 and an RTX 3090) on a synthetic Qwen3-30B-A3B Q4_K_M. Everything it
+# measures goes under OUT_DIR; results.md there is the summary to copy into bench/RESULTS.md.
+#
+# What exists today: no CUDA kernel is built yet (the CUDA library lists devices only), so the
+# benchmark runs the GPU tier on the simulated device, on this host's CPUs, and reports the split
+# of expert uses (VRAM / shipped / CPU) and the modelled times with this GPU's measured limits
+# where `strata calibrate` finds them. It says so in results.md. Meant to finish within 10 minutes
+# on a 16-core host.
+#
+# Usage: scripts/gpu-check.sh OUT_DIR   (BUILD_DIR, default build-gpu; MODEL to reuse a GGUF)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: scripts/gpu-check.sh OUT_DIR}
+mkdir -p "$out"
+build=${BUILD_DIR:-build-gpu}
+jobs=$(nproc)
+summary="$out/results.md"
+start=$SECONDS
+step() { echo "gpu-check: $* ($((SECONDS - start)) s)" | tee -a "$out/steps.log"; }
+
+{
+  echo "# gpu-check $(date -u +%Y-%m-%dT%H:%MZ)"
+  echo
+  echo "host: $(nproc) CPUs, $(free -g | awk '/Mem:/ {print $2}') GiB RAM; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
+  echo "git: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+} > "$summary"
+
+step "driver"
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi > "$out/nvidia-smi.txt" 2>&1
+  nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv \
+    > "$out/gpus.csv" 2>&1
+  echo "gpus: $(tail -n +2 "$out/gpus.csv" | paste -sd ';')" >> "$summary"
+else
+  echo "gpus: nvidia-smi not found (no driver): the CUDA tests will skip" >> "$summary"
+fi
+export PATH="$PATH:/usr/local/cuda/bin"
+
+step "build (sm_86, sm_89, sm_90, sm_120)"
+bash scripts/setup.sh > "$out/setup.log" 2>&1
+if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA=ON \
+     "-DCMAKE_CUDA_ARCHITECTURES=86;89;90;120" > "$out/cmake.log" 2>&1 ||
+   ! cmake --build "$build" -j "$jobs" > "$out/build.log" 2>&1; then
+  echo "build: FAILED (build.log / cmake.log)" >> "$summary"
+  tail -30 "$out/build.log" "$out/cmake.log" 2>/dev/null
+  exit 1
+fi
+echo "build: ok for sm_86, sm_89, sm_90, sm_120" >> "$summary"
+
+step "tests"
+ctest --test-dir "$build" -j "$jobs" --output-on-failure > "$out/ctest.log" 2>&1
+rc_tests=$?
+echo "tests: $(grep -E 'tests passed' "$out/ctest.log" | tail -1) (ctest.log)" >> "$summary"
+grep -E "Gpu|Cuda|Vram" "$out/ctest.log" | grep -E "Passed|Failed|Skipped|Not Run" > "$out/gpu-tests.txt" || true
+timeout 120 "$build/src/strata" calibrate > "$out/calibrate.log" 2>&1 || true
+
+step "benchmark"
+model=${MODEL:-$build/q3-30b-q4k.gguf}
+if [ ! -f "$model" ]; then
+  "$build/src/strata" synth --shape qwen3-30b-a3b --quant q4_k -o "$model" > "$out/synth.log" 2>&1 || {
+    echo "benchmark: could not write the synthetic model (synth.log)" >> "$summary"; exit 1; }
+fi
+{
+  echo
+  echo "## GPU tier, Qwen3-30B-A3B Q4_K_M (synthetic), synthetic routing"
+  echo
+  echo "No CUDA kernel is built yet: the tier runs on the simulated device, on this host's CPUs."
+  echo "The split and the modelled times use this host's calibrated limits (calibrate.log)."
+  echo
+} >> "$summary"
+for budget in 8GiB 24GiB; do
+  step "bench at $budget"
+  timeout 200 "$build/src/strata" bench -m "$model" --set gpu.simulate=true --set "budgets.vram=$budget" \
+    --set gpu.max_promotions=64 -p 256 -n 96,32 -r 1 --routing synthetic > "$out/bench-$budget.log" 2>&1
+  echo "### budgets.vram = $budget" >> "$summary"
+  grep -E "^\||simulated GPU|GPU tier" "$out/bench-$budget.log" >> "$summary" || echo "(no output: bench-$budget.log)" >> "$summary"
+  echo >> "$summary"
+done
+step "done"
+echo "total: $((SECONDS - start)) s" >> "$summary"
+cat "$summary"
+exit $rc_tests
