@@ -5,13 +5,16 @@
 # 24 GiB (an RTX 5060 and an RTX 3090) on a synthetic Qwen3-30B-A3B Q4_K_M. Everything it
 # measures goes under OUT_DIR; results.md there is the summary to copy into bench/RESULTS.md.
 #
-# What exists today: no CUDA kernel is built yet (the CUDA library lists devices only), so the
+# What exists today: the CUDA library has one reference matrix-vector kernel (its test compares it
+# with the CPU reference per format) and nothing in the engine runs on the GPU yet, so the
 # benchmark runs the GPU tier on the simulated device, on this host's CPUs, and reports the split
-# of expert uses (VRAM / shipped / CPU) and the modelled times with this GPU's measured limits
+# of expert uses (VRAM / shipped / CPU) and the modelled times with this host's measured limits
 # where `strata calibrate` finds them. It says so in results.md. Meant to finish within 10 minutes
 # on a 16-core host.
 #
-# Usage: scripts/gpu-check.sh OUT_DIR   (BUILD_DIR, default build-gpu; MODEL to reuse a GGUF)
+# Usage: scripts/gpu-check.sh OUT_DIR
+#   BUILD_DIR (default build-gpu), MODEL (a GGUF to reuse), CUDA_ARCHS (default "86;89;90;120";
+#   sm_120 needs CUDA 12.8 or later)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/gpu-check.sh OUT_DIR}
@@ -40,22 +43,24 @@ else
 fi
 export PATH="$PATH:/usr/local/cuda/bin"
 
-step "build (sm_86, sm_89, sm_90, sm_120)"
+archs=${CUDA_ARCHS:-86;89;90;120}
+step "build (CUDA architectures $archs)"
 bash scripts/setup.sh > "$out/setup.log" 2>&1
 if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA=ON \
-     "-DCMAKE_CUDA_ARCHITECTURES=86;89;90;120" > "$out/cmake.log" 2>&1 ||
+     "-DCMAKE_CUDA_ARCHITECTURES=$archs" > "$out/cmake.log" 2>&1 ||
    ! cmake --build "$build" -j "$jobs" > "$out/build.log" 2>&1; then
   echo "build: FAILED (build.log / cmake.log)" >> "$summary"
   tail -30 "$out/build.log" "$out/cmake.log" 2>/dev/null
   exit 1
 fi
-echo "build: ok for sm_86, sm_89, sm_90, sm_120" >> "$summary"
+echo "build: ok for CUDA architectures $archs" >> "$summary"
 
 step "tests"
 ctest --test-dir "$build" -j "$jobs" --output-on-failure > "$out/ctest.log" 2>&1
 rc_tests=$?
 echo "tests: $(grep -E 'tests passed' "$out/ctest.log" | tail -1) (ctest.log)" >> "$summary"
 grep -E "Gpu|Cuda|Vram" "$out/ctest.log" | grep -E "Passed|Failed|Skipped|Not Run" > "$out/gpu-tests.txt" || true
+{ echo; echo "GPU tests:"; sed 's/^/    /' "$out/gpu-tests.txt"; } >> "$summary"
 timeout 120 "$build/src/strata" calibrate > "$out/calibrate.log" 2>&1 || true
 
 step "benchmark"
@@ -68,7 +73,7 @@ fi
   echo
   echo "## GPU tier, Qwen3-30B-A3B Q4_K_M (synthetic), synthetic routing"
   echo
-  echo "No CUDA kernel is built yet: the tier runs on the simulated device, on this host's CPUs."
+  echo "Nothing in the engine runs on the GPU yet: the tier runs on the simulated device, on this host's CPUs."
   echo "The split and the modelled times use this host's calibrated limits (calibrate.log)."
   echo
 } >> "$summary"
@@ -76,7 +81,9 @@ for budget in 8GiB 24GiB; do
   step "bench at $budget"
   timeout 200 "$build/src/strata" bench -m "$model" --set gpu.simulate=true --set "budgets.vram=$budget" \
     --set gpu.max_promotions=64 -p 256 -n 96,32 -r 1 --routing synthetic > "$out/bench-$budget.log" 2>&1
-  echo "### budgets.vram = $budget" >> "$summary"
+  rc_bench=$?
+  echo "### budgets.vram = $budget (bench exit status $rc_bench)" >> "$summary"
+  [ $rc_bench -ne 0 ] && rc_tests=1
   grep -E "^\||simulated GPU|GPU tier" "$out/bench-$budget.log" >> "$summary" || echo "(no output: bench-$budget.log)" >> "$summary"
   echo >> "$summary"
 done

@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
+#include "cpu/fp16.h"
 #include "cpu/quant_traits.h"
 #include "gpu/cuda_kernels.h"
 #include "gpu/gpu_devices.h"
@@ -46,6 +48,14 @@ TEST(CudaKernels, MatvecMatchesTheCpuReferencePerFormat) {
         for (size_t b = 0; b < row_bytes; b += 17) {
           row[b] = uint8_t(120 + rng() % 12);
           for (int i = 1; i < 17; ++i) row[b + size_t(i)] = uint8_t(rng());
+        }
+      } else if (t.from_float == nullptr) {  // Q4_K (no quantizer): random blocks, small finite d and dmin
+        ASSERT_EQ(type, GgmlType::q4_k);
+        for (size_t b = 0; b < row_bytes; b += 144) {
+          for (int i = 4; i < 144; ++i) row[b + size_t(i)] = uint8_t(rng());
+          const uint16_t d = f32_to_fp16(0.002f + 0.01f * float(rng() % 100) / 100), dmin = f32_to_fp16(0.004f);
+          std::memcpy(row + b, &d, 2);
+          std::memcpy(row + b + 2, &dmin, 2);
         }
       } else {
         for (float& v : wf) v = nd(rng);

@@ -398,6 +398,7 @@ int run_bench(const BenchOptions& o) {
                      {"gpu_cpu_share", r.gpu_cpu_share},
                      {"gpu_model_cpu_ms_per_token", r.gpu_model_cpu_ms},
                      {"gpu_model_gpu_ms_per_token", r.gpu_model_gpu_ms},
+                     {"gpu_model_copy_ms_per_token", r.gpu_model_copy_ms},
                      {"routing", o.routing}});
     }
     std::printf("%s\n", arr.dump(2).c_str());

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <fstream>
 
+#include <unistd.h>
+
 #include "model/model.h"
 
 namespace strata {
@@ -44,7 +46,6 @@ Result<std::unique_ptr<GpuTier>> GpuTier::create_simulated(const Model& m, const
   if (!cache) return cache.error();
   t->cache_ = std::move(*cache);
   t->stream_ = t->dev_.new_stream();
-  t->copy_stream_ = t->dev_.new_stream();
   return t;
 }
 
@@ -95,7 +96,7 @@ std::vector<GpuTier::Assignment> GpuTier::place(const LayerWeights& l, int layer
     if (p.site[i] != ExpertSite::ship) continue;
     ++ship_uses_;
     ship_bytes_ += bytes;
-    dev_.wait(stream_, dev_.transfer_h2d(copy_stream_, bytes));
+    dev_.wait(stream_, dev_.transfer_h2d(cache_->copy_stream(), bytes));  // the one PCIe link, shared with promotions
     const double seconds = o_.costs.gpu_seconds(bytes, params, n_tok[i]);
     dev_.launch(stream_, {}, seconds, nullptr);
     gpu_seconds_ += seconds;
@@ -146,7 +147,7 @@ Result<int> GpuTier::load_heat(const std::string& path) {
 }
 
 Status GpuTier::save_heat(const std::string& path) const {
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = strfmt("%s.tmp.%d", path.c_str(), int(::getpid()));
   {
     std::ofstream out(tmp, std::ios::trunc);
     if (!out) return Error{strfmt("gpu.heat_file %s: cannot write it: %s", tmp.c_str(), std::strerror(errno))};
@@ -157,10 +158,16 @@ Status GpuTier::save_heat(const std::string& path) const {
       for (int e = 0; e < E; ++e) out << (e ? " " : "") << strfmt("%.6g", h[size_t(l) * size_t(E) + size_t(e)]);
       out << "\n";
     }
-    if (!out.flush()) return Error{strfmt("gpu.heat_file %s: write failed", tmp.c_str())};
+    if (!out.flush()) {
+      std::remove(tmp.c_str());
+      return Error{strfmt("gpu.heat_file %s: write failed", tmp.c_str())};
+    }
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    return Error{strfmt("gpu.heat_file %s: cannot replace it: %s", path.c_str(), std::strerror(errno))};
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    std::remove(tmp.c_str());
+    return Error{strfmt("gpu.heat_file %s: cannot replace it: %s", path.c_str(), std::strerror(e))};
+  }
   return {};
 }
 

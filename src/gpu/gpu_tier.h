@@ -100,7 +100,7 @@ class GpuTier {
   Options o_;
   gpu::SimDevice dev_;
   std::unique_ptr<gpu::VramExpertCache> cache_;
-  int stream_ = -1, copy_stream_ = -1;
+  int stream_ = -1;
   uint64_t fixed_ = 0, slot_bytes_ = 0;
   std::map<const void*, uint64_t> kv_;  // per session
   uint64_t kv_overflow_ = 0;

@@ -578,7 +578,9 @@ uint64_t kv_bytes_per_token(const HParams& hp, KvType type) {
 }
 
 Model::Model() = default;
-Model::~Model() = default;
+// The GPU tier saves its routing counts on destruction (gpu.heat_file) and reads the hyperparameters
+// to do so: it goes before the members it reads.
+Model::~Model() { gpu_tier.reset(); }
 
 Result<std::unique_ptr<Model>> Model::load(const std::string& path, MappedFile::Mode mode, bool repack,
                                            bool stream_experts) {

@@ -103,14 +103,19 @@ Status cuda_matvec(GgmlType type, const uint8_t* w, int64_t n_rows, int64_t n_co
                    float* y) {
   using Kernel = void (*)(const uint8_t*, size_t, int64_t, int64_t, const float*, float*);
   Kernel k = nullptr;
+  int64_t block = 1, block_bytes = 4;  // elements and bytes of one block of the type
   switch (type) {
     case GgmlType::f32: k = matvec_kernel<int(GgmlType::f32)>; break;
-    case GgmlType::bf16: k = matvec_kernel<int(GgmlType::bf16)>; break;
-    case GgmlType::q8_0: k = matvec_kernel<int(GgmlType::q8_0)>; break;
-    case GgmlType::q4_k: k = matvec_kernel<int(GgmlType::q4_k)>; break;
-    case GgmlType::mxfp4: k = matvec_kernel<int(GgmlType::mxfp4)>; break;
+    case GgmlType::bf16: k = matvec_kernel<int(GgmlType::bf16)>, block_bytes = 2; break;
+    case GgmlType::q8_0: k = matvec_kernel<int(GgmlType::q8_0)>, block = 32, block_bytes = 34; break;
+    case GgmlType::q4_k: k = matvec_kernel<int(GgmlType::q4_k)>, block = 256, block_bytes = 144; break;
+    case GgmlType::mxfp4: k = matvec_kernel<int(GgmlType::mxfp4)>, block = 32, block_bytes = 17; break;
     default: return Error{"CUDA matvec: no kernel for GGML type " + std::to_string(int(type))};
   }
+  if (n_rows < 0 || n_cols < 0 || n_cols % block != 0 || int64_t(row_bytes) < n_cols / block * block_bytes)
+    return Error{"CUDA matvec: " + std::to_string(n_cols) + " columns in rows of " + std::to_string(row_bytes) +
+                 " bytes do not make whole blocks of the type"};
+  if (n_rows == 0) return {};
   if (!cuda_usable()) return Error{"CUDA: no usable device"};
   uint8_t* dw = nullptr;
   float *dx = nullptr, *dy = nullptr;
