@@ -17,9 +17,13 @@ double ExpertCosts::gpu_seconds(uint64_t bytes, uint64_t params, int64_t n_tok) 
 
 double ExpertCosts::copy_seconds(uint64_t bytes) const { return double(bytes) / (pcie_gbps * 1e9); }
 
+bool ExpertCosts::ships_alone(uint64_t bytes, uint64_t params, int64_t n_tok) const {
+  return copy_seconds(bytes) + gpu_seconds(bytes, params, n_tok) < cpu_seconds(bytes, params, n_tok);
+}
+
 int64_t ExpertCosts::ship_break_even(uint64_t bytes, uint64_t params) const {
   // both sides grow linearly in n past their memory-bound part; search the doubling, then bisect
-  auto ships = [&](int64_t n) { return copy_seconds(bytes) + gpu_seconds(bytes, params, n) < cpu_seconds(bytes, params, n); };
+  auto ships = [&](int64_t n) { return ships_alone(bytes, params, n); };
   int64_t hi = 1;
   while (!ships(hi)) {
     if (hi > (int64_t(1) << 40)) return 0;
@@ -80,9 +84,7 @@ LayerPlacement place_experts(std::span<const ExpertJob> jobs, const ExpertCosts&
   std::vector<size_t> cand;
   for (size_t i = 0; i < jobs.size(); ++i) {
     if (jobs[i].resident) continue;
-    const ExpertJob& j = jobs[i];
-    if (c.copy_seconds(j.bytes) + c.gpu_seconds(j.bytes, j.params, j.n_tok) < c.cpu_seconds(j.bytes, j.params, j.n_tok))
-      cand.push_back(i);
+    if (c.ships_alone(jobs[i].bytes, jobs[i].params, jobs[i].n_tok)) cand.push_back(i);
   }
   std::stable_sort(cand.begin(), cand.end(), [&](size_t a, size_t b) { return jobs[a].n_tok > jobs[b].n_tok; });
   for (size_t i : cand) {

@@ -34,6 +34,8 @@ struct ExpertCosts {
   double cpu_seconds(uint64_t bytes, uint64_t params, int64_t n_tok) const;
   double gpu_seconds(uint64_t bytes, uint64_t params, int64_t n_tok) const;
   double copy_seconds(uint64_t bytes) const;
+  // Whether shipping one expert alone (copy + kernel) beats the CPU at n_tok tokens.
+  bool ships_alone(uint64_t bytes, uint64_t params, int64_t n_tok) const;
   // The fewest tokens for which shipping one expert alone (copy + kernel) beats the CPU; 0 when no
   // batch does (the GPU is slower than the CPU at any size).
   int64_t ship_break_even(uint64_t bytes, uint64_t params) const;

@@ -64,19 +64,19 @@ std::vector<GpuTier::Assignment> GpuTier::place(const LayerWeights& l, int layer
     jobs[i] = {.expert = experts[i], .n_tok = n_tok[i], .resident = slots[i] >= 0, .bytes = bytes, .params = params};
   }
   const LayerPlacement p = place_experts(jobs, o_.costs);
-  model_cpu_s_ += p.cpu_s;
-  model_gpu_s_ += p.gpu_s;
-  model_copy_s_ += p.copy_s;
-  model_total_s_ += p.total_s;
+  counts_.model_cpu_s += p.cpu_s;
+  counts_.model_gpu_s += p.gpu_s;
+  counts_.model_copy_s += p.copy_s;
+  counts_.model_total_s += p.total_s;
   std::vector<Assignment> out(experts.size());
   // the GPU share on the timeline: kernels from slots first, then each shipped expert's kernel
   // after its copy (the order place_experts costs)
   for (size_t i = 0; i < experts.size(); ++i) {
     out[i].site = p.site[i];
     if (p.site[i] == ExpertSite::cpu) {
-      ++cpu_uses_;
+      ++counts_.cpu_uses;
     } else if (p.site[i] == ExpertSite::gpu) {
-      ++gpu_uses_;
+      ++counts_.gpu_uses;
       Views v;
       v.slot = slots[i];
       const uint8_t* at = cache_->slot_data(slots[i]);
@@ -89,17 +89,17 @@ std::vector<GpuTier::Assignment> GpuTier::place(const LayerWeights& l, int layer
       out[i].views = v;
       const double seconds = o_.costs.gpu_seconds(bytes, params, n_tok[i]);
       cache_->run(stream_, slots[i], seconds, nullptr);
-      gpu_seconds_ += seconds;
+      counts_.gpu_seconds += seconds;
     }
   }
   for (size_t i = 0; i < experts.size(); ++i) {
     if (p.site[i] != ExpertSite::ship) continue;
-    ++ship_uses_;
-    ship_bytes_ += bytes;
+    ++counts_.ship_uses;
+    counts_.ship_bytes += bytes;
     dev_.wait(stream_, dev_.transfer_h2d(cache_->copy_stream(), bytes));  // the one PCIe link, shared with promotions
     const double seconds = o_.costs.gpu_seconds(bytes, params, n_tok[i]);
     dev_.launch(stream_, {}, seconds, nullptr);
-    gpu_seconds_ += seconds;
+    counts_.gpu_seconds += seconds;
   }
   return out;
 }
@@ -190,21 +190,12 @@ void GpuTier::set_kv(const void* session, uint64_t bytes) {
 }
 
 GpuTier::Stats GpuTier::stats() const {
-  Stats s;
-  s.gpu_uses = gpu_uses_;
-  s.ship_uses = ship_uses_;
-  s.cpu_uses = cpu_uses_;
-  s.ship_bytes = ship_bytes_;
-  s.model_cpu_s = model_cpu_s_;
-  s.model_gpu_s = model_gpu_s_;
-  s.model_copy_s = model_copy_s_;
-  s.model_total_s = model_total_s_;
+  Stats s = counts_;  // the tier's own counts; the rest from the cache and the device
   s.promotions = cache_->promotions();
   s.evictions = cache_->evictions();
   s.stalls = cache_->stalls();
   s.pcie_bytes = dev_.bytes_copied();
   s.pcie_seconds = dev_.pcie_seconds();
-  s.gpu_seconds = gpu_seconds_;
   s.slots = cache_->n_slots();
   s.resident = cache_->n_resident();
   s.n_experts = int64_t(m_.hparams().n_expert) * std::count_if(m_.layers.begin(), m_.layers.end(),

@@ -105,9 +105,7 @@ class GpuTier {
   std::map<const void*, uint64_t> kv_;  // per session
   uint64_t kv_overflow_ = 0;
   std::string heat_file_;
-  uint64_t gpu_uses_ = 0, ship_uses_ = 0, cpu_uses_ = 0, ship_bytes_ = 0;
-  double gpu_seconds_ = 0;
-  double model_cpu_s_ = 0, model_gpu_s_ = 0, model_copy_s_ = 0, model_total_s_ = 0;
+  Stats counts_;  // what place() counts: uses, shipped bytes, GPU and modelled seconds
 };
 
 }  // namespace strata

@@ -297,7 +297,7 @@ void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const
   const auto left = std::make_unique<std::atomic<int32_t>[]>(size_t(n_blocks));
   for (const RowTask& t : tasks)
     if (!t.down) left[size_t(t.block)].fetch_add(1, std::memory_order_relaxed);
-  // weight bytes each group's threads read (strata bench prints them per node)
+  // routed-expert weight bytes each group's threads read (strata bench prints them per node)
   const size_t gu_row = g0.row_bytes + u0.row_bytes, d_row = d0.row_bytes;
 
   auto run_task = [&](int64_t i, int thread) {
@@ -305,7 +305,8 @@ void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const
     const FfnWork& f = ffns[size_t(task.ffn)];
     const size_t row0 = first[size_t(task.ffn)] + size_t(task.t0);  // batch row of token t0
     const int64_t n = task.t1 - task.t0;
-    prof::count_node_bytes(pool.group_of(thread), int64_t(size_t(task.r1 - task.r0) * (task.down ? d_row : gu_row)));
+    if (numa != nullptr)  // routed experts only (moe_ffn passes the layout; dense FFNs do not)
+      prof::count_node_bytes(pool.group_of(thread), int64_t(size_t(task.r1 - task.r0) * (task.down ? d_row : gu_row)));
     if (task.down) {  // down (+ bias)
       wait_for(left[size_t(task.block)], kQuantized);
       const cpu::ActRows ae{ya.data() + row0 * ya_row, ya_row, n};
