@@ -5,7 +5,7 @@
 //    larger than the caches. Counters GBps (expert bytes read per second) and bw_frac (GBps / the
 //    mean of DRAM read probes taken along the timed loop, bench_common.h DramTracker).
 //  - BM_gemm: prefill matmuls, W [n_out][n_in] times a batch of 8, 64 or 512 activation rows,
-//    through CpuBackend::matmul (activations quantized once, row chunks as pool tasks, the tile
+//    through Matmul::matmul (activations quantized once, row chunks as pool tasks, the tile
 //    kernel of the start-up ISA). Counters GFLOPs (2 n_in n_out batch per second) and peak_frac
 //    (of the int8 peak calibrate.h measures).
 //  - BM_onednn_matmul (when built with oneDNN): the same shapes in f32 and bf16 through oneDNN's
@@ -66,7 +66,7 @@ void BM_expert_ffn(benchmark::State& state, GgmlType type, int n_layers) {
     lw[i].up_exps = layers[i].up->stack();
     lw[i].down_exps = layers[i].down->stack();
   }
-  const cpu::CpuBackend be(cpu::MatmulPath::quantized);
+  const cpu::Matmul be(cpu::MatmulPath::quantized);
   const std::vector<float> h = activations(kEmbd, 7);
   std::vector<float> out(static_cast<size_t>(kEmbd));
   std::mt19937 rng(42);
@@ -103,7 +103,7 @@ constexpr GemmShape kGemmShape{2048, 768};  // an expert's gate / up of qwen3-30
 
 void BM_gemm(benchmark::State& state, GgmlType type, int64_t batch) {
   const RandomWeights w(type, kGemmShape.n_in, kGemmShape.n_out, 1, 11);
-  const cpu::CpuBackend be(cpu::MatmulPath::quantized);
+  const cpu::Matmul be(cpu::MatmulPath::quantized);
   const std::vector<float> x = activations(kGemmShape.n_in * batch, 5);
   std::vector<float> y(static_cast<size_t>(kGemmShape.n_out * batch));
   const double peak = int8_peak_gops();

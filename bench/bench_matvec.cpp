@@ -1,9 +1,9 @@
 // Decode matrix-vector products per weight type and kernel variant (src/cpu/kernels.h), reading
 // the weights from DRAM: each iteration multiplies the next matrix of a stack far larger than the
 // caches (kStackBytes), so no matrix is still cached when it comes round again. One iteration is
-// what CpuBackend::matmul does for one token (activations quantized once, row chunks as tasks of
+// what Matmul::matmul does for one token (activations quantized once, row chunks as tasks of
 // the compute pool) with the variant's table instead of the start-up one; BM_matmul_backend runs
-// CpuBackend::matmul itself.
+// Matmul::matmul itself.
 //
 // Counters (bench_common.h): GBps = weight bytes read per second; bw_frac = GBps / the mean of
 // DRAM read probes taken along the timed loop with the same threads (DramTracker).
@@ -61,7 +61,7 @@ void BM_matvec(benchmark::State& state, GgmlType type, CpuIsa isa, int64_t n_in,
   std::vector<uint8_t> xq(quantized ? ggml_row_bytes(qt.vec_dot_type, uint64_t(n_in)) : 0);
   std::vector<float> y(static_cast<size_t>(n_out));
   cpu::ThreadPool& pool = cpu::compute_pool();
-  const int64_t chunk = cpu::CpuBackend::rows_per_task(n_out, pool.size());
+  const int64_t chunk = cpu::Matmul::rows_per_task(n_out, pool.size());
   const int64_t n_tasks = (n_out + chunk - 1) / chunk;
   const Weight stack = w.stack();
   int64_t next = 0;
@@ -86,7 +86,7 @@ void BM_matvec(benchmark::State& state, GgmlType type, CpuIsa isa, int64_t n_in,
 void BM_matmul_backend(benchmark::State& state, GgmlType type, int64_t n_in, int64_t n_out, int64_t n_tok) {
   int64_t count = 0;
   const RandomWeights& w = stack_of(type, n_in, n_out, true, &count);
-  const cpu::CpuBackend backend(cpu::MatmulPath::quantized);
+  const cpu::Matmul backend(cpu::MatmulPath::quantized);
   const std::vector<float> x = activations(n_in * n_tok, 1);
   std::vector<float> y(static_cast<size_t>(n_out * n_tok));
   const Weight stack = w.stack();

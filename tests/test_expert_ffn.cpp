@@ -181,7 +181,7 @@ void check(const Case& c, uint64_t seed) {
     for (double v : ref) rms += v * v;
     rms = std::sqrt(rms / double(ref.size()));
     ASSERT_GT(rms, 0.0);
-    const cpu::CpuBackend be(path);
+    const cpu::Matmul be(path);
     std::vector<float> out(size_t(c.n_tok * E), std::nanf(""));
     moe_ffn(be, l, r, h.data(), c.n_tok, E, out.data(), glu);
     double err = 0, worst = 0;

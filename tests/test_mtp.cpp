@@ -66,7 +66,7 @@ TEST_P(MtpArch, InputProjectionMatchesAScalarReference) {
   std::normal_distribution<float> N(0.0f, 2.0f);
   std::vector<float> h_prev(size_t(n * E)), x(size_t(n * E));
   for (float& v : h_prev) v = N(rng);
-  mtp_input(*m, cpu::CpuBackend(cpu::MatmulPath::exact), ids.data(), h_prev.data(), n, x.data());
+  mtp_input(*m, CpuBackend(cpu::MatmulPath::exact), ids.data(), h_prev.data(), n, x.data());
 
   auto tensor = [&](const std::string& name) {
     const GgufTensorInfo* t = file->find_tensor(name);
@@ -168,7 +168,7 @@ TEST_P(MtpArch, PairsEachHiddenRowWithTheNextToken) {
   init_mtp_cache(*m, 16, cache);
   std::vector<float> logits(size_t(m->hparams().n_vocab)), out(size_t(4 * E));
   const SeqSpan seq{&cache, 0, 4};
-  forward_mtp(*m, cpu::CpuBackend(cpu::MatmulPath::exact), std::span<const SeqSpan>(&seq, 1), history.data() + 1,
+  forward_mtp(*m, CpuBackend(cpu::MatmulPath::exact), std::span<const SeqSpan>(&seq, 1), history.data() + 1,
               rows.data(), false, logits.data(), out.data());
   EXPECT_EQ((*drafter)->first_logits(), logits);
 }

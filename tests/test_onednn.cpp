@@ -1,4 +1,4 @@
-// oneDNN's BF16 matmul (cpu/onednn_matmul.h), which CpuBackend::matmul uses for BF16 weights from
+// oneDNN's BF16 matmul (cpu/onednn_matmul.h), which Matmul::matmul uses for BF16 weights from
 // kOnednnMinTokens tokens on: against the exact path (float activations, dequantized weights) on
 // fresh random data. Tolerance: activations rounded to BF16 (relative 2^-9 each) plus float
 // accumulation: |y - exact| <= 2^-8 sum_k |w_k x_k| per cell.
@@ -41,8 +41,8 @@ TEST(Onednn, Bf16MatmulMatchesExactPath) {
     std::vector<float> x(size_t(T * K));
     for (float& v : x) v = nd(rng);
     std::vector<float> got(size_t(T * N), NAN), direct(size_t(T * N), NAN), exact(size_t(T * N));
-    cpu::CpuBackend(cpu::MatmulPath::quantized).matmul(w, x.data(), T, got.data());
-    cpu::CpuBackend(cpu::MatmulPath::exact).matmul(w, x.data(), T, exact.data());
+    cpu::Matmul(cpu::MatmulPath::quantized).matmul(w, x.data(), T, got.data());
+    cpu::Matmul(cpu::MatmulPath::exact).matmul(w, x.data(), T, exact.data());
     ASSERT_TRUE(cpu::onednn_matmul_bf16(w, x.data(), T, direct.data(), N));
     // the engine's matmul took the oneDNN path (same cells, bit for bit)
     EXPECT_EQ(std::memcmp(got.data(), direct.data(), got.size() * sizeof(float)), 0);

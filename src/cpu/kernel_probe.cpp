@@ -52,7 +52,7 @@ double measure_weights_gbps(ThreadPool& pool, size_t bytes, double seconds) {
   const size_t mat_bytes = size_t(kOut) * size_t(kIn / QK_K) * sizeof(block_q4_K);
   const int64_t n_mat = std::max<int64_t>(16, int64_t(bytes / mat_bytes));
   Stack s(pool, n_mat);
-  const CpuBackend be(MatmulPath::quantized);
+  const Matmul be(MatmulPath::quantized);
   std::vector<float> x(static_cast<size_t>(kIn));
   std::mt19937 rng(7);
   std::normal_distribution<float> nd;
@@ -60,7 +60,7 @@ double measure_weights_gbps(ThreadPool& pool, size_t bytes, double seconds) {
   constexpr int kBatch = 16;
   std::vector<Weight> slices(kBatch);
   std::vector<std::vector<float>> ys(kBatch, std::vector<float>(size_t(kOut)));
-  std::vector<CpuBackend::MatmulOut> outs(kBatch);
+  std::vector<Matmul::MatmulOut> outs(kBatch);
   double best = 0;
   for (int pass = 0; pass < 3; ++pass) {
     size_t read = 0;
@@ -81,7 +81,7 @@ double measure_weights_gbps(ThreadPool& pool, size_t bytes, double seconds) {
 double measure_gemm_gops(ThreadPool& pool, double seconds) {
   constexpr int64_t kMats = 8, kTok = 64;
   Stack s(pool, kMats);
-  const CpuBackend be(MatmulPath::quantized);
+  const Matmul be(MatmulPath::quantized);
   std::vector<float> x(size_t(kIn * kTok)), y(size_t(kOut * kTok));
   std::mt19937 rng(9);
   std::normal_distribution<float> nd;

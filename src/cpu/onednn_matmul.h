@@ -2,7 +2,7 @@
 // tile kernel (float FMA after widening) is slower than oneDNN's vdpbf16ps kernels. Measured on the
 // 2-core AVX-512 dev box, 2048 x 768 BF16 weights in the file's layout, batch 8 / 64 / 512
 // (`strata_bench_kernels --benchmark_filter='BM_onednn_matmul/bf16/file|BM_gemm/bf16'`): oneDNN
-// 186 / 304 / 664 GFLOP/s, strata 104 / 266 / 244. CpuBackend::matmul_batch therefore sends BF16
+// 186 / 304 / 664 GFLOP/s, strata 104 / 266 / 244. Matmul::matmul_batch therefore sends BF16
 // matrices of kOnednnMinTokens tokens or more here, when they are in the file layout: weights
 // read into RAM are row-interleaved (cpu/repack.h) for decode at memory speed, and on that layout
 // strata's own tile (263 / 256 / 229) is as fast as oneDNN (its fast layout is BA16a64b2a, 64 rows

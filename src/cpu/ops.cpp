@@ -32,16 +32,16 @@ inline float dot(const float* a, const float* b, int64_t n) {
 
 }  // namespace
 
-GgmlType CpuBackend::act_type(GgmlType weight_type) const {
+GgmlType Matmul::act_type(GgmlType weight_type) const {
   return path_ == MatmulPath::exact ? GgmlType::f32 : quant_traits(weight_type).vec_dot_type;
 }
 
-size_t CpuBackend::act_row_bytes(GgmlType weight_type, int64_t n_in) const {
+size_t Matmul::act_row_bytes(GgmlType weight_type, int64_t n_in) const {
   const GgmlType act = act_type(weight_type);
   return act == GgmlType::f32 ? size_t(n_in) * sizeof(float) : ggml_row_bytes(act, uint64_t(n_in));
 }
 
-void CpuBackend::prepare_row(GgmlType weight_type, const float* x, int64_t n_in, uint8_t* out) const {
+void Matmul::prepare_row(GgmlType weight_type, const float* x, int64_t n_in, uint8_t* out) const {
   const GgmlType act = act_type(weight_type);
   if (act == GgmlType::f32) {
     std::memcpy(out, x, size_t(n_in) * sizeof(float));
@@ -55,7 +55,7 @@ void CpuBackend::prepare_row(GgmlType weight_type, const float* x, int64_t n_in,
   quantize(x, out, n_in);
 }
 
-ActRows CpuBackend::prepare(GgmlType weight_type, const float* x, int64_t n_tok, int64_t n_in,
+ActRows Matmul::prepare(GgmlType weight_type, const float* x, int64_t n_tok, int64_t n_in,
                             std::vector<uint8_t>& buf) const {
   const size_t row_bytes = act_row_bytes(weight_type, n_in);
   buf.resize(row_bytes * size_t(n_tok));
@@ -66,7 +66,7 @@ ActRows CpuBackend::prepare(GgmlType weight_type, const float* x, int64_t n_tok,
   return ActRows{buf.data(), row_bytes, n_tok};
 }
 
-void CpuBackend::tile(const Weight& w, int64_t r0, int64_t r1, const ActRows& a, float* y,
+void Matmul::tile(const Weight& w, int64_t r0, int64_t r1, const ActRows& a, float* y,
                       int64_t ldy) const {
   if (r1 <= r0 || a.n_tok == 0) return;
   if (path_ == MatmulPath::quantized) {
@@ -102,18 +102,18 @@ void CpuBackend::tile(const Weight& w, int64_t r0, int64_t r1, const ActRows& a,
   }
 }
 
-int64_t CpuBackend::rows_per_task(int64_t n_out, int n_threads) {
+int64_t Matmul::rows_per_task(int64_t n_out, int n_threads) {
   // about 4 tasks per thread, at least 16 rows, a multiple of 16
   const int64_t want = n_out / (4 * int64_t(n_threads));
   return std::max<int64_t>(16, want / 16 * 16);
 }
 
-void CpuBackend::matmul(const Weight& w, const float* x, int64_t n_tok, float* y) const {
+void Matmul::matmul(const Weight& w, const float* x, int64_t n_tok, float* y) const {
   const MatmulOut out{&w, y};
   matmul_batch(std::span<const MatmulOut>(&out, 1), x, n_tok);
 }
 
-void CpuBackend::matmul_batch(std::span<const MatmulOut> outs, const float* x, int64_t n_tok) const {
+void Matmul::matmul_batch(std::span<const MatmulOut> outs, const float* x, int64_t n_tok) const {
   if (n_tok == 0 || outs.empty()) return;
   // activations prepared once per distinct format (the weights' vec_dot types)
   thread_local std::vector<uint8_t> bufs[4];

@@ -1,5 +1,5 @@
 // Ops of the forward pass on the CPU. Activations are float rows; weights are Weight views in any
-// supported format. The matmul has two paths (CpuBackend):
+// supported format. The matmul has two paths (Matmul):
 //  - exact: each weight row dequantized, times float activations (how ../shared/fixtures'
 //    logits-*.exact.f32 were computed); the engine's own oracle;
 //  - quantized (default): activations rounded to the weight type's vec_dot type (Q8_0 / Q8_K /
@@ -19,7 +19,7 @@ namespace strata::cpu {
 enum class MatmulPath { exact, quantized };
 
 // Activation rows prepared for weights of one type: in the type's vec_dot format (quantized path)
-// or float (exact path). A view; the bytes belong to the buffer given to CpuBackend::prepare.
+// or float (exact path). A view; the bytes belong to the buffer given to Matmul::prepare.
 struct ActRows {
   const uint8_t* data = nullptr;  // [n_tok][row_bytes]
   size_t row_bytes = 0;
@@ -27,9 +27,9 @@ struct ActRows {
   const uint8_t* row(int64_t t) const { return data + size_t(t) * row_bytes; }
 };
 
-class CpuBackend {
+class Matmul {
  public:
-  explicit CpuBackend(MatmulPath path = MatmulPath::quantized) : path_(path) {}
+  explicit Matmul(MatmulPath path = MatmulPath::quantized) : path_(path) {}
   MatmulPath path() const { return path_; }
 
   // y[t][0..n_out) = W x[t] for t < n_tok. x: [n_tok][w.n_in], y: [n_tok][w.n_out] (no aliasing).

@@ -14,7 +14,7 @@ namespace {
 // Errors: a routed expert the NVMe tier could not read (its computation used zeros instead: the
 // logits are not returned, and the caller's position does not advance).
 // hidden: null, or where the last layer's output rows go (not deepseek4).
-Status run_forward(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
+Status run_forward(const Model& m, const Backend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
                    bool all_logits, float* logits, float* hidden = nullptr) {
   switch (m.hparams().arch) {
     case Arch::qwen3moe:

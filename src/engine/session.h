@@ -8,6 +8,7 @@
 
 #include "base/error.h"
 #include "engine/kv_cache.h"
+#include "model/backend.h"
 #include "model/model.h"
 
 namespace strata {
@@ -71,7 +72,7 @@ class Session {
   // The errors of eval: no tokens, an id outside the vocabulary, a full context.
   Status check(std::span<const int32_t> tokens) const;
   const Model& model_;
-  cpu::CpuBackend backend_;
+  CpuBackend backend_;
   KvCache cache_;
   int64_t n_past_ = 0;
   // begin_speculation's copy of the compressor rings ([layer][attn, index] -> ring_a, ring_s)

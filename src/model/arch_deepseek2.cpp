@@ -27,7 +27,7 @@ void scatter(const float* src, int64_t n, int64_t stride, int64_t off, int64_t w
 
 // MLA over a batch of spans: the absorbed projections run once for every token, the scores of
 // each token over its own sequence's cache.
-void mla_attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& l, std::span<const SeqSpan> seqs,
+void mla_attention(const Backend& be, const HParams& hp, const LayerWeights& l, std::span<const SeqSpan> seqs,
                    int il, const float* q, int64_t n_tok, float* out) {
   const int64_t H = hp.n_head, NOPE = hp.qk_nope, ROPE = hp.qk_rope, QK = NOPE + ROPE,
                 R = hp.kv_lora_rank, DV = hp.v_head;
@@ -74,7 +74,7 @@ void mla_attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeig
 
 }  // namespace
 
-void deepseek2_block(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, int il,
+void deepseek2_block(const Model& m, const Backend& be, std::span<const SeqSpan> seqs, int il,
                      const LayerWeights& l, float* x, int64_t n_tok, float* h, float* y, MlaScratch& scratch) {
   const HParams& hp = m.hparams();
   const int64_t E = hp.n_embd, H = hp.n_head, QK = hp.qk_nope + hp.qk_rope, R = hp.kv_lora_rank,
@@ -93,11 +93,11 @@ void deepseek2_block(const Model& m, const cpu::CpuBackend& be, std::span<const 
   // attention (MLA)
   {
     prof::Span span(prof::Part::attention, il);
-    rms_norm_rows(x, l.attn_norm, n_tok, E, hp.eps, h);
+    be.rms_norm_rows(x, l.attn_norm, n_tok, E, hp.eps, h);
     if (hp.q_lora_rank > 0) {
       const int64_t Q = hp.q_lora_rank;
       be.matmul(l.wq_a, h, n_tok, qa.data());
-      rms_norm_rows(qa.data(), l.q_a_norm, n_tok, Q, hp.eps, qa.data());
+      be.rms_norm_rows(qa.data(), l.q_a_norm, n_tok, Q, hp.eps, qa.data());
       be.matmul(l.wq_b, qa.data(), n_tok, q.data());
     } else {
       be.matmul(l.wq, h, n_tok, q.data());
@@ -115,7 +115,7 @@ void deepseek2_block(const Model& m, const cpu::CpuBackend& be, std::span<const 
     }
     mla_attention(be, hp, l, seqs, il, q.data(), n_tok, attn.data());
     be.matmul(l.wo, attn.data(), n_tok, y);
-    cpu::add(x, y, n_tok * E);  // residual
+    be.add(x, y, n_tok * E);  // residual
   }
 
   if (m.expert_store && main_layer) {
@@ -125,30 +125,30 @@ void deepseek2_block(const Model& m, const cpu::CpuBackend& be, std::span<const 
   // feed-forward: dense, or routed experts + shared experts
   if (!l.is_moe()) {
     prof::Span span(prof::Part::shared_ffn, il);
-    rms_norm_rows(x, l.ffn_norm, n_tok, E, hp.eps, h);
-    swiglu_ffn(be, l.ffn_gate, l.ffn_up, l.ffn_down, h, n_tok, nullptr, false, y);
+    be.rms_norm_rows(x, l.ffn_norm, n_tok, E, hp.eps, h);
+    be.swiglu_ffn(l.ffn_gate, l.ffn_up, l.ffn_down, h, n_tok, nullptr, false, y);
   } else {
     Routing routing;
     {
       prof::Span span(prof::Part::router, il);
-      rms_norm_rows(x, l.ffn_norm, n_tok, E, hp.eps, h);
+      be.rms_norm_rows(x, l.ffn_norm, n_tok, E, hp.eps, h);
       routing = route(be, hp, l, h, n_tok);
       if (m.routing_override != nullptr && main_layer) m.routing_override->choose(il, n_tok, routing);
     }
     {
       prof::Span span(prof::Part::experts, il);
-      moe_ffn(be, l, routing, h, n_tok, E, y, {}, main_layer ? m.expert_store.get() : nullptr, il,
+      moe_ffn(be.host(), l, routing, h, n_tok, E, y, {}, main_layer ? m.expert_store.get() : nullptr, il,
               main_layer ? m.gpu_tier.get() : nullptr);
     }
     if (l.gate_shexp) {
       prof::Span span(prof::Part::shared_ffn, il);
-      swiglu_ffn(be, l.gate_shexp, l.up_shexp, l.down_shexp, h, n_tok, nullptr, true, y);
+      be.swiglu_ffn(l.gate_shexp, l.up_shexp, l.down_shexp, h, n_tok, nullptr, true, y);
     }
   }
-  cpu::add(x, y, n_tok * E);  // residual
+  be.add(x, y, n_tok * E);  // residual
 }
 
-void forward_deepseek2(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
+void forward_deepseek2(const Model& m, const Backend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
                        bool all_logits, float* logits, float* hidden) {
   const HParams& hp = m.hparams();
   const int64_t n_tok = batch_tokens(seqs);

@@ -37,7 +37,7 @@ struct HcMix {
 };
 
 // The mixers of n_tok tokens from their streams X [n_tok][S][E] (fixtures README: hyper-connections).
-HcMix hc_mix(const cpu::CpuBackend& be, const HParams& hp, const Weight& fn, const Weight& base_w,
+HcMix hc_mix(const Backend& be, const HParams& hp, const Weight& fn, const Weight& base_w,
              const Weight& scale_w, const float* X, int64_t n_tok) {
   const int64_t S = hp.hc_streams, E = hp.n_embd, MIX = 2 * S + S * S;
   const float eps = hp.hc_eps;
@@ -170,7 +170,7 @@ void compress_token(KvCache::Compressor& cp, int ratio, int64_t p, const float* 
 }
 
 // Runs a compressor over a span's tokens h [n][E] at positions pos0..: a = kv h, s = gate h + ape.
-void compress_span(const cpu::CpuBackend& be, const HParams& hp, KvCache::Compressor& cp, int ratio, const Weight& kv,
+void compress_span(const Backend& be, const HParams& hp, KvCache::Compressor& cp, int ratio, const Weight& kv,
                    const Weight& gate, const Weight& ape, const Weight& norm, const float* h, int64_t n, int64_t pos0,
                    const cpu::RopeParams& rope) {
   const int64_t PW = cp.pool_width;
@@ -186,7 +186,7 @@ void compress_span(const cpu::CpuBackend& be, const HParams& hp, KvCache::Compre
 }
 
 // The attention sublayer on the normalised input h [n_tok][E] into y [n_tok][E].
-void attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& l, std::span<const SeqSpan> seqs,
+void attention(const Backend& be, const HParams& hp, const LayerWeights& l, std::span<const SeqSpan> seqs,
                int il, const float* h, int64_t n_tok, float* y) {
   const int64_t E = hp.n_embd, H = hp.n_head, D = hp.head_dim_k, Q = hp.q_lora_rank;
   const int ratio = hp.compress_ratio[size_t(il)];
@@ -326,7 +326,7 @@ void init_deepseek4_cache(const Model& m, int n_ctx, KvCache& cache) {
   }
 }
 
-void forward_deepseek4(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
+void forward_deepseek4(const Model& m, const Backend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
                        bool all_logits, float* logits) {
   const HParams& hp = m.hparams();
   const int64_t n_tok = batch_tokens(seqs);
@@ -381,13 +381,13 @@ void forward_deepseek4(const Model& m, const cpu::CpuBackend& be, std::span<cons
     {
       prof::Span span(prof::Part::experts, il);
       const GluParams glu{.kind = GluKind::silu_clamp, .limit = hp.clamp_exp[size_t(il)]};
-      moe_ffn(be, l, routing, h.data(), n_tok, E, y.data(), glu, m.expert_store.get(), il, m.gpu_tier.get());
+      moe_ffn(be.host(), l, routing, h.data(), n_tok, E, y.data(), glu, m.expert_store.get(), il, m.gpu_tier.get());
     }
     {
       prof::Span span(prof::Part::shared_ffn, il);
       SwigluOptions opt;
       opt.glu = {.kind = GluKind::silu_clamp, .limit = hp.clamp_shexp[size_t(il)]};
-      swiglu_ffn(be, l.gate_shexp, l.up_shexp, l.down_shexp, h.data(), n_tok, nullptr, true, y.data(), opt);
+      be.swiglu_ffn(l.gate_shexp, l.up_shexp, l.down_shexp, h.data(), n_tok, nullptr, true, y.data(), opt);
     }
     hc_post(mix, y.data(), n_tok, S, E, X.data());
   }

@@ -19,7 +19,7 @@ int64_t batch_tokens(std::span<const SeqSpan> seqs) {
   return n;
 }
 
-void gqa_moe_block(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, int il,
+void gqa_moe_block(const Model& m, const Backend& be, std::span<const SeqSpan> seqs, int il,
                    const LayerWeights& l, float* x, int64_t n_tok, float* h, float* y) {
   const HParams& hp = m.hparams();
   const int64_t E = hp.n_embd;
@@ -28,9 +28,9 @@ void gqa_moe_block(const Model& m, const cpu::CpuBackend& be, std::span<const Se
   // attention
   {
     prof::Span span(prof::Part::attention, il);
-    rms_norm_rows(x, l.attn_norm, n_tok, E, hp.eps, h);
+    be.rms_norm_rows(x, l.attn_norm, n_tok, E, hp.eps, h);
     gqa_attention(be, hp, l, seqs, il, h, n_tok, y);
-    cpu::add(x, y, n_tok * E);  // residual
+    be.add(x, y, n_tok * E);  // residual
   }
 
   // routed experts (+ shared expert)
@@ -38,13 +38,13 @@ void gqa_moe_block(const Model& m, const cpu::CpuBackend& be, std::span<const Se
   {
     prof::Span span(prof::Part::router, il);
     if (main_layer) prefetch_experts(be, m, il, x, n_tok);
-    rms_norm_rows(x, l.ffn_norm, n_tok, E, hp.eps, h);
+    be.rms_norm_rows(x, l.ffn_norm, n_tok, E, hp.eps, h);
     routing = route(be, hp, l, h, n_tok);
     if (m.routing_override != nullptr && main_layer) m.routing_override->choose(il, n_tok, routing);
   }
   {
     prof::Span span(prof::Part::experts, il);
-    moe_ffn(be, l, routing, h, n_tok, E, y, hp.expert_glu, main_layer ? m.expert_store.get() : nullptr, il,
+    moe_ffn(be.host(), l, routing, h, n_tok, E, y, hp.expert_glu, main_layer ? m.expert_store.get() : nullptr, il,
             main_layer ? m.gpu_tier.get() : nullptr);
   }
   if (l.gate_shexp) {
@@ -57,12 +57,12 @@ void gqa_moe_block(const Model& m, const cpu::CpuBackend& be, std::span<const Se
         gate[size_t(t)] = 1.0f / (1.0f + std::exp(-z));
       }
     }
-    swiglu_ffn(be, l.gate_shexp, l.up_shexp, l.down_shexp, h, n_tok, gate.data(), true, y);
+    be.swiglu_ffn(l.gate_shexp, l.up_shexp, l.down_shexp, h, n_tok, gate.data(), true, y);
   }
-  cpu::add(x, y, n_tok * E);  // residual
+  be.add(x, y, n_tok * E);  // residual
 }
 
-void forward_gqa_moe(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
+void forward_gqa_moe(const Model& m, const Backend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
                      bool all_logits, float* logits, float* hidden) {
   const HParams& hp = m.hparams();
   const int64_t n_tok = batch_tokens(seqs);
@@ -75,7 +75,7 @@ void forward_gqa_moe(const Model& m, const cpu::CpuBackend& be, std::span<const 
   output_head(m, be, x.data(), seqs, all_logits, logits);
 }
 
-void output_head(const Model& m, const cpu::CpuBackend& be, const float* x, std::span<const SeqSpan> seqs,
+void output_head(const Model& m, const Backend& be, const float* x, std::span<const SeqSpan> seqs,
                  bool all_logits, float* logits, const Weight* norm_w, const Weight* head_w) {
   prof::Span span(prof::Part::output);
   const Weight& norm = norm_w != nullptr ? *norm_w : m.output_norm;
@@ -84,7 +84,7 @@ void output_head(const Model& m, const cpu::CpuBackend& be, const float* x, std:
   const int64_t n_tok = batch_tokens(seqs);
   if (all_logits) {
     std::vector<float> h(size_t(n_tok * E));
-    rms_norm_rows(x, norm, n_tok, E, m.hparams().eps, h.data());
+    be.rms_norm_rows(x, norm, n_tok, E, m.hparams().eps, h.data());
     be.matmul(head, h.data(), n_tok, logits);
     return;
   }
@@ -94,7 +94,7 @@ void output_head(const Model& m, const cpu::CpuBackend& be, const float* x, std:
   int64_t end = 0;
   for (int64_t s = 0; s < n; ++s) {
     end += seqs[size_t(s)].n_tok;
-    rms_norm_rows(x + (end - 1) * E, norm, 1, E, m.hparams().eps, h.data() + s * E);
+    be.rms_norm_rows(x + (end - 1) * E, norm, 1, E, m.hparams().eps, h.data() + s * E);
   }
   be.matmul(head, h.data(), n, logits);
 }

@@ -10,7 +10,7 @@
 
 namespace strata {
 
-void mtp_input(const Model& m, const cpu::CpuBackend& be, const int32_t* tokens, const float* h_prev,
+void mtp_input(const Model& m, const Backend& be, const int32_t* tokens, const float* h_prev,
                int64_t n_tok, float* x) {
   STRATA_CHECK(m.mtp != nullptr, "mtp_input: the model has no MTP layer");
   const MtpWeights& w = *m.mtp;
@@ -29,7 +29,7 @@ void mtp_input(const Model& m, const cpu::CpuBackend& be, const int32_t* tokens,
   be.matmul(w.eh_proj, cat.data(), n_tok, x);
 }
 
-void forward_mtp(const Model& m, const cpu::CpuBackend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
+void forward_mtp(const Model& m, const Backend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
                  const float* h_prev, bool all_logits, float* logits, float* hidden) {
   STRATA_CHECK(m.mtp != nullptr, "forward_mtp: the model has no MTP layer");
   const MtpWeights& w = *m.mtp;

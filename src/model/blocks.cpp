@@ -32,7 +32,7 @@ void softmax_with_sink(float* x, int64_t n, float sink) {
 
 }  // namespace
 
-Routing route(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& l, const float* h,
+Routing route(const Backend& be, const HParams& hp, const LayerWeights& l, const float* h,
               int64_t n_tok, const int32_t* tokens) {
   const int n_exp = hp.n_expert, k = hp.n_expert_used;
   std::vector<float> logits(size_t(n_tok) * size_t(n_exp));
@@ -160,27 +160,27 @@ struct RowTask {
 // Cuts rows [r_begin, r_end) of every FFN into tasks, about kTasksPerThread per thread over the
 // whole batch (so that one expert with many tokens and seven with one stay balanced), in multiples
 // of 16 rows; an FFN with many tokens is cut into L2-sized tiles of rows by tokens
-// (CpuBackend::kTile*). `order`: the FFNs in the order their tasks are taken (ready ones first).
+// (Matmul::kTile*). `order`: the FFNs in the order their tasks are taken (ready ones first).
 // Blocks are numbered by (FFN, token range) whatever the rows, so calls for other row ranges agree.
 constexpr int64_t kTasksPerThread = 4;
 std::vector<RowTask> row_tasks(const std::vector<FfnWork>& ffns, const std::vector<int32_t>& order, int64_t r_begin,
                                int64_t r_end, int n_threads, bool down) {
-  using cpu::CpuBackend;
+  using cpu::Matmul;
   const int64_t n_rows = r_end - r_begin;
   const int64_t total = n_rows * int64_t(ffns.size());
   int64_t chunk = std::max<int64_t>(16, total / (kTasksPerThread * int64_t(n_threads)) / 16 * 16);
   chunk = std::min(chunk, (n_rows + 15) / 16 * 16);
   const bool any_tiled = std::any_of(ffns.begin(), ffns.end(), [](const FfnWork& f) {
-    return int64_t(f.tokens.size()) >= CpuBackend::kTileMinTokens;
+    return int64_t(f.tokens.size()) >= Matmul::kTileMinTokens;
   });
-  return CpuBackend::tiled_tasks(n_threads, any_tiled, [&](int64_t tile_rows) {
+  return Matmul::tiled_tasks(n_threads, any_tiled, [&](int64_t tile_rows) {
     std::vector<RowTask> tasks;
     int32_t block = 0;
     for (int32_t e : order) {
       const int64_t n_tok = int64_t(ffns[size_t(e)].tokens.size());
-      const bool tiled = n_tok >= CpuBackend::kTileMinTokens;
+      const bool tiled = n_tok >= Matmul::kTileMinTokens;
       const int64_t rows = tiled ? tile_rows : chunk;
-      const int64_t toks = tiled ? CpuBackend::kTileTokens : n_tok;
+      const int64_t toks = tiled ? Matmul::kTileTokens : n_tok;
       for (int64_t t0 = 0; t0 < n_tok; t0 += toks, ++block)
         for (int64_t r0 = r_begin; r0 < r_end; r0 += rows)
           tasks.push_back({e, block, r0, std::min(r_end, r0 + rows), t0, std::min(n_tok, t0 + toks), down});
@@ -216,7 +216,7 @@ void wait_for(const std::atomic<int32_t>& v, int32_t value) {
 // every gate/up task in the counter's order and wait for their block's quantized rows, so no
 // thread idles at a barrier between the halves. h: [*][E] rows, quantized once for the whole
 // batch; every FFN's matrices share one type per role (the stacks of a layer).
-void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const float* h,
+void run_ffns(const cpu::Matmul& be, const std::vector<FfnWork>& ffns, const float* h,
               int64_t n_h, const GluParams& glu_p, float* out, const cpu::NumaLayout* numa = nullptr) {
   if (ffns.empty()) return;
   cpu::ThreadPool& pool = cpu::compute_pool();
@@ -386,7 +386,7 @@ void run_ffns(const cpu::CpuBackend& be, const std::vector<FfnWork>& ffns, const
 
 }  // namespace
 
-void swiglu_ffn(const cpu::CpuBackend& be, const Weight& gate, const Weight& up, const Weight& down, const float* h,
+void swiglu_ffn(const cpu::Matmul& be, const Weight& gate, const Weight& up, const Weight& down, const float* h,
                 int64_t n_tok, const float* scale, bool accumulate, float* out, const SwigluOptions& opt) {
   if (!accumulate) std::fill(out, out + n_tok * down.n_out, 0.0f);
   std::vector<FfnWork> ffns(1);
@@ -404,7 +404,7 @@ void swiglu_ffn(const cpu::CpuBackend& be, const Weight& gate, const Weight& up,
   run_ffns(be, ffns, h, n_tok, opt.glu, out);
 }
 
-void moe_ffn(const cpu::CpuBackend& be, const LayerWeights& l, const Routing& r, const float* h, int64_t n_tok, int64_t n_embd,
+void moe_ffn(const cpu::Matmul& be, const LayerWeights& l, const Routing& r, const float* h, int64_t n_tok, int64_t n_embd,
              float* out, const GluParams& glu, ExpertStore* store, int layer, GpuTier* gpu) {
   std::fill(out, out + n_tok * n_embd, 0.0f);
   const int64_t n_exp = l.gate_exps.n_mat;
@@ -493,7 +493,7 @@ void moe_ffn(const cpu::CpuBackend& be, const LayerWeights& l, const Routing& r,
   }
 }
 
-void prefetch_experts(const cpu::CpuBackend& be, const Model& m, int il, const float* x, int64_t n_tok) {
+void prefetch_experts(const Backend& be, const Model& m, int il, const float* x, int64_t n_tok) {
   ExpertStore* store = m.expert_store.get();
   if (store == nullptr || n_tok > kPrefetchMaxTokens) return;
   const HParams& hp = m.hparams();
@@ -610,30 +610,29 @@ void rms_norm_rows(const float* x, const Weight& w, int64_t n_tok, int64_t n, fl
   for (int64_t t = 0; t < n_tok; ++t) cpu::rms_norm(x + t * n, f32(w), n, eps, out + t * n);
 }
 
-void gqa_attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& l,
+void gqa_attention(const Backend& be, const HParams& hp, const LayerWeights& l,
                    std::span<const SeqSpan> seqs, int il, const float* h, int64_t n_tok, float* y) {
   const int64_t E = hp.n_embd, H = hp.n_head, HKV = hp.n_head_kv, DK = hp.head_dim_k,
                 DV = hp.head_dim_v;
   std::vector<float> q(size_t(n_tok * H * DK)), k(size_t(n_tok * HKV * DK)),
       v(size_t(n_tok * HKV * DV)), attn(size_t(n_tok * H * DV));
-  const cpu::CpuBackend::MatmulOut qkv[] = {{&l.wq, q.data()}, {&l.wk, k.data()}, {&l.wv, v.data()}};
+  const cpu::Matmul::MatmulOut qkv[] = {{&l.wq, q.data()}, {&l.wk, k.data()}, {&l.wv, v.data()}};
   be.matmul_batch(qkv, h, n_tok);
   add_bias(q.data(), l.bq, n_tok, H * DK);
   add_bias(k.data(), l.bk, n_tok, HKV * DK);
   add_bias(v.data(), l.bv, n_tok, HKV * DV);
-  int64_t t = 0;
+  if (l.q_norm) {  // per head (qwen3moe)
+    be.rms_norm_rows(q.data(), l.q_norm, n_tok * H, DK, hp.eps, q.data());
+    be.rms_norm_rows(k.data(), l.k_norm, n_tok * HKV, DK, hp.eps, k.data());
+  }
+  int64_t t0 = 0;
   for (const SeqSpan& seq : seqs) {
+    be.rope(&q[size_t(t0 * H * DK)], seq.n_tok, int(H), int(DK), seq.pos0, hp.rope);
+    be.rope(&k[size_t(t0 * HKV * DK)], seq.n_tok, int(HKV), int(DK), seq.pos0, hp.rope);
     KvCache& cache = *seq.cache;
-    for (int64_t i = 0; i < seq.n_tok; ++i, ++t) {
-      float* qt = &q[size_t(t * H * DK)];
-      float* kt = &k[size_t(t * HKV * DK)];
-      if (l.q_norm) {
-        rms_norm_rows(qt, l.q_norm, H, DK, hp.eps, qt);
-        rms_norm_rows(kt, l.k_norm, HKV, DK, hp.eps, kt);
-      }
-      const int64_t pos = seq.pos0 + i, kb = KvCache::kKeyBlock;
-      cpu::rope(qt, int(H), int(DK), pos, hp.rope);
-      cpu::rope(kt, int(HKV), int(DK), pos, hp.rope);
+    for (int64_t i = 0; i < seq.n_tok; ++i) {
+      const int64_t t = t0 + i, pos = seq.pos0 + i, kb = KvCache::kKeyBlock;
+      const float* kt = &k[size_t(t * HKV * DK)];
       const float* vt = &v[size_t(t * HKV * DV)];
       if (cache.type == KvType::f16) {
         for (int64_t hk = 0; hk < HKV; ++hk) {
@@ -650,6 +649,7 @@ void gqa_attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeig
         }
       }
     }
+    t0 += seq.n_tok;
   }
   const AttentionParams ap{.n_head = hp.n_head,
                            .n_head_kv = hp.n_head_kv,
@@ -660,9 +660,9 @@ void gqa_attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeig
                            .sinks = f32(l.attn_sinks)};
   {
     prof::Span span(prof::Part::attention_core);
-    int64_t t0 = 0;
+    t0 = 0;
     for (const SeqSpan& seq : seqs) {  // each sequence over its own cache
-      attention_gqa(ap, *seq.cache, il, &q[size_t(t0 * H * DK)], seq.n_tok, seq.pos0, &attn[size_t(t0 * H * DV)]);
+      be.attention_gqa(ap, *seq.cache, il, &q[size_t(t0 * H * DK)], seq.n_tok, seq.pos0, &attn[size_t(t0 * H * DV)]);
       t0 += seq.n_tok;
     }
   }

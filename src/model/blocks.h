@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "engine/kv_cache.h"
+#include "model/backend.h"
 #include "model/forward.h"
 #include "model/model.h"
 
@@ -38,7 +39,7 @@ std::vector<int32_t> experts_by_rank(std::span<const int32_t> ids, int64_t n_tok
 // Router of layer `l` (plus its bias, if any) applied to h [n_tok][n_embd] with the architecture's
 // gating rule (hp.gating). A hash-routed layer (l.tid2eid, deepseek4) takes its experts from the
 // table row of each token's id in `tokens` instead, weighted by the router's scores.
-Routing route(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& l, const float* h,
+Routing route(const Backend& be, const HParams& hp, const LayerWeights& l, const float* h,
               int64_t n_tok, const int32_t* tokens = nullptr);
 
 // out[t] = sum_j weights[t][j] * expert_{ids[t][j]}(h[t]) for SwiGLU experts stacked in
@@ -46,7 +47,7 @@ Routing route(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& 
 // expert so each expert's weights are read once per call. With `store` (the NVMe tier), the
 // experts' weights come from it (layer `layer`), not from l's stacks; the result is the same.
 // With `gpu` (the GPU tier), experts the VRAM cache holds ready are computed from their slot.
-void moe_ffn(const cpu::CpuBackend& be, const LayerWeights& l, const Routing& r, const float* h, int64_t n_tok, int64_t n_embd,
+void moe_ffn(const cpu::Matmul& be, const LayerWeights& l, const Routing& r, const float* h, int64_t n_tok, int64_t n_embd,
              float* out, const GluParams& glu = {}, ExpertStore* store = nullptr, int layer = -1,
              GpuTier* gpu = nullptr);
 
@@ -56,26 +57,13 @@ void moe_ffn(const cpu::CpuBackend& be, const LayerWeights& l, const Routing& r,
 // above kPrefetchMaxTokens (a prefill needs nearly every expert of a layer anyway: its reads start
 // when the layer is routed).
 inline constexpr int64_t kPrefetchMaxTokens = 8;
-void prefetch_experts(const cpu::CpuBackend& be, const Model& m, int il, const float* x, int64_t n_tok);
+void prefetch_experts(const Backend& be, const Model& m, int il, const float* x, int64_t n_tok);
 
-// Optional parts of a SwiGLU FFN: biases (null: none) and the activation.
-struct SwigluOptions {
-  const float* gate_b = nullptr;  // [n_ff], added to gate h before the activation
-  const float* up_b = nullptr;    // [n_ff]
-  const float* down_b = nullptr;  // [n_embd], added before `scale`
-  GluParams glu;
-};
 // out[t] (+)= (down(act(gate h[t]) * up h[t]) + down_b) * (scale ? scale[t] : 1); accumulate adds
 // to out.
-void swiglu_ffn(const cpu::CpuBackend& be, const Weight& gate, const Weight& up, const Weight& down, const float* h,
+void swiglu_ffn(const cpu::Matmul& be, const Weight& gate, const Weight& up, const Weight& down, const float* h,
                 int64_t n_tok, const float* scale, bool accumulate, float* out, const SwigluOptions& opt = {});
 
-struct AttentionParams {
-  int n_head = 0, n_head_kv = 0, head_dim_k = 0, head_dim_v = 0;
-  float scale = 0;
-  int n_swa = 0;                 // window: the query at pos sees keys pos - n_swa < j <= pos; 0: all
-  const float* sinks = nullptr;  // [n_head] per-head sink logits (null: none), see attention_gqa
-};
 // Causal GQA attention of n_tok queries at positions pos0.. over the layer's cache rows 0..pos
 // (the last n_swa of them with a window). A sink adds exp(sink[h]) to head h's softmax denominator:
 // a virtual key, in the units of the scaled scores, that has no value.
@@ -95,7 +83,7 @@ void rms_norm_rows(const float* x, const Weight& w, int64_t n_tok, int64_t n, fl
 // layer's sliding window and sinks, if any) and the output projection (+ bias) into
 // y [n_tok][n_embd]; the projections run once for the whole batch. The residual add is the
 // caller's.
-void gqa_attention(const cpu::CpuBackend& be, const HParams& hp, const LayerWeights& l,
+void gqa_attention(const Backend& be, const HParams& hp, const LayerWeights& l,
                    std::span<const SeqSpan> seqs, int il, const float* h, int64_t n_tok, float* y);
 
 // Adds bias b (F32 [n]) to every row of x [n_tok][n]; no-op for an empty weight.
