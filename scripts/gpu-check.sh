@@ -1,16 +1,14 @@
 #!/usr/bin/env bash
 # One command for a machine with an NVIDIA GPU (issue #7, docs/gpu.md): builds strata with the
-# CUDA library for sm_86, sm_89, sm_90 and sm_120, runs the whole test suite there (the GPU tests
-# among it), records what the driver reports, then benchmarks the GPU tier at VRAM budgets of 8 and
-# 24 GiB (an RTX 5060 and an RTX 3090) on a synthetic Qwen3-30B-A3B Q4_K_M. Everything it
-# measures goes under OUT_DIR; results.md there is the summary to copy into bench/RESULTS.md.
-#
-# What exists today: the CUDA library has one reference matrix-vector kernel (its test compares it
-# with the CPU reference per format) and nothing in the engine runs on the GPU yet, so the
-# benchmark runs the GPU tier on the simulated device, on this host's CPUs, and reports the split
-# of expert uses (VRAM / shipped / CPU) and the modelled times with this host's measured limits
-# where `strata calibrate` finds them. It says so in results.md. Meant to finish within 10 minutes
-# on a 16-core host.
+# CUDA library for sm_86, sm_89, sm_90 and sm_120, runs the whole test suite there (the CUDA
+# kernel and backend tests among it: each kernel against the CPU, whole-model logits against the
+# fixtures), records what the driver reports, then benchmarks on a synthetic Qwen3-30B-A3B Q4_K_M:
+#  - the CUDA backend (the dense part on the GPU, routed experts on the CPU) against CPU only;
+#  - the GPU tier's expert split at VRAM budgets of 8 and 24 GiB (an RTX 5060 and an RTX 3090),
+#    which still runs on the simulated device (the VRAM expert cache is not on the real device
+#    yet), with the modelled times from this host's limits where `strata calibrate` finds them.
+# results.md says which figure is which. Everything goes under OUT_DIR; results.md there is the
+# summary to copy into bench/RESULTS.md. Meant to finish within 10 minutes on a 16-core host.
 #
 # Usage: scripts/gpu-check.sh OUT_DIR
 #   BUILD_DIR (default build-gpu), MODEL (a GGUF to reuse), CUDA_ARCHS (default "86;89;90;120";
@@ -71,15 +69,34 @@ if [ ! -f "$model" ]; then
 fi
 {
   echo
-  echo "## GPU tier, Qwen3-30B-A3B Q4_K_M (synthetic), synthetic routing"
+  echo "## CUDA backend, Qwen3-30B-A3B Q4_K_M (synthetic), synthetic routing"
   echo
-  echo "Nothing in the engine runs on the GPU yet: the tier runs on the simulated device, on this host's CPUs."
+  echo "Dense part (attention, norms, routers, shared FFNs, lm head) on the GPU with the reference-grade kernels,"
+  echo "activations copied per op; routed experts on this host's CPUs. Against the same run on the CPU alone."
+  echo
+} >> "$summary"
+for vram in 0 8GiB; do
+  step "bench, budgets.vram = $vram (real device)"
+  timeout 120 "$build/src/strata" bench -m "$model" --set "budgets.vram=$vram" -p 256 -n 32 -r 1 \
+    --routing synthetic > "$out/bench-cuda-$vram.log" 2>&1
+  rc_bench=$?
+  echo "### budgets.vram = $vram (bench exit status $rc_bench)" >> "$summary"
+  [ $rc_bench -ne 0 ] && rc_tests=1
+  grep -E "^\||CUDA backend|budgets.vram" "$out/bench-cuda-$vram.log" >> "$summary" ||
+    echo "(no output: bench-cuda-$vram.log)" >> "$summary"
+  echo >> "$summary"
+done
+{
+  echo
+  echo "## GPU tier, Qwen3-30B-A3B Q4_K_M (synthetic), synthetic routing, simulated device"
+  echo
+  echo "The VRAM expert cache runs on the simulated device, on this host's CPUs (not on the real GPU yet)."
   echo "The split and the modelled times use this host's calibrated limits (calibrate.log)."
   echo
 } >> "$summary"
 for budget in 8GiB 24GiB; do
   step "bench at $budget"
-  timeout 200 "$build/src/strata" bench -m "$model" --set gpu.simulate=true --set "budgets.vram=$budget" \
+  timeout 120 "$build/src/strata" bench -m "$model" --set gpu.simulate=true --set "budgets.vram=$budget" \
     --set gpu.max_promotions=64 -p 256 -n 96,32 -r 1 --routing synthetic > "$out/bench-$budget.log" 2>&1
   rc_bench=$?
   echo "### budgets.vram = $budget (bench exit status $rc_bench)" >> "$summary"

@@ -1,82 +1,365 @@
-// The CUDA kernels (gpu/cuda_kernels.h) against the CPU reference, per format, on fresh random
-// data: every row of a matrix-vector product within 1e-5 of sum |w x| (float accumulation in
-// another order). Skips, saying so, where no CUDA device is usable (every CPU-only machine: run
-// scripts/gpu-check.sh on a GPU host); builds without CUDA check that they say so.
+// The CUDA kernels (gpu/cuda_kernels.h) and the CUDA backend (gpu/cuda_backend.h) against the CPU,
+// on fresh random data:
+//  - the matmul per format against a double-precision dot of the dequantized weights: every value
+//    within 1e-5 of sum |w x| (float accumulation in another order);
+//  - each backend op against CpuBackend's on the exact path: rms_norm 1e-5, rope 5e-3 (the angle
+//    as pos * scale^i against the CPU's running product; positions up to 300), attention and the
+//    FFN 1e-4 relative (another summation order, float against half caches);
+//  - whole models: logits on the CUDA backend against the fixtures' exact logits, within the
+//    fixtures README's bounds for the quantized path.
+// Everything but the first test skips, saying so, where no CUDA device is usable (every CPU-only
+// machine: scripts/gpu-check.sh runs them on a GPU host).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cpu/fp16.h"
 #include "cpu/quant_traits.h"
+#include "engine/session.h"
+#include "gpu/cuda_backend.h"
 #include "gpu/cuda_kernels.h"
 #include "gpu/gpu_devices.h"
+#include "model/blocks.h"
+#include "test_support.h"
 
 namespace strata {
 namespace {
 
-TEST(CudaKernels, MatvecMatchesTheCpuReferencePerFormat) {
-  if (!gpu::cuda_usable()) {
-    const GpuDevices d = list_gpu_devices();
-    if (!d.built_with_cuda) {
-      std::vector<float> y(1);
-      const float x = 1;
-      const uint8_t w[4] = {};
-      const Status st = gpu::cuda_matvec(GgmlType::f32, w, 1, 1, 4, &x, y.data());
-      ASSERT_FALSE(st.ok());
-      EXPECT_NE(st.error().message.find("without the CUDA library"), std::string::npos);
-    }
-    GTEST_SKIP() << "no usable CUDA device (" << (d.error.empty() ? "not built with CUDA" : d.error)
-                 << "): the kernels are checked by scripts/gpu-check.sh on a GPU host";
+#define SKIP_WITHOUT_DEVICE()                                                                     \
+  do {                                                                                            \
+    if (!gpu::cuda_usable()) {                                                                    \
+      const GpuDevices d = list_gpu_devices();                                                    \
+      GTEST_SKIP() << "no usable CUDA device (" << (d.error.empty() ? "not built with CUDA" : d.error) \
+                   << "): checked by scripts/gpu-check.sh on a GPU host";                         \
+    }                                                                                             \
+  } while (0)
+
+TEST(CudaKernels, WithoutADeviceEverythingSaysSo) {
+  if (gpu::cuda_usable()) GTEST_SKIP() << "a CUDA device is usable here";
+  const GpuDevices d = list_gpu_devices();
+  auto be = CudaBackend::create(1 << 20);
+  ASSERT_FALSE(be.ok());
+  if (!d.built_with_cuda) {
+    EXPECT_NE(be.error().message.find("without the CUDA library"), std::string::npos) << be.error().message;
+    auto p = gpu::device_alloc(64);
+    ASSERT_FALSE(p.ok());
+    EXPECT_NE(p.error().message.find("without the CUDA library"), std::string::npos);
+    const Status st = gpu::cuda_matmul(GgmlType::f32, nullptr, 1, 1, 4, nullptr, 1, nullptr);
+    ASSERT_FALSE(st.ok());
+    EXPECT_FALSE(gpu::cuda_has_matmul(GgmlType::q4_k));
+  } else {
+    EXPECT_NE(be.error().message.find("no usable CUDA device"), std::string::npos) << be.error().message;
   }
+}
+
+// rows x cols random weights of `type` in the file's layout (random blocks with sane scales where
+// the type has no quantizer).
+std::vector<uint8_t> random_weights(std::mt19937& rng, GgmlType type, int64_t rows, int64_t cols) {
+  std::normal_distribution<float> nd;
+  const QuantTraits& t = quant_traits(type);
+  const size_t row_bytes = ggml_row_bytes(type, cols);
+  std::vector<uint8_t> w(size_t(rows) * row_bytes);
+  std::vector<float> wf(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* row = &w[size_t(r) * row_bytes];
+    if (type == GgmlType::mxfp4) {
+      for (size_t b = 0; b < row_bytes; b += 17) {
+        row[b] = uint8_t(120 + rng() % 12);
+        for (int i = 1; i < 17; ++i) row[b + size_t(i)] = uint8_t(rng());
+      }
+    } else if (type == GgmlType::q6_k) {  // no quantizer: random blocks, a small finite d
+      for (size_t b = 0; b < row_bytes; b += 210) {
+        for (int i = 0; i < 208; ++i) row[b + size_t(i)] = uint8_t(rng());
+        const uint16_t d = f32_to_fp16(0.001f + 0.004f * float(rng() % 100) / 100);
+        std::memcpy(row + b + 208, &d, 2);
+      }
+    } else if (type == GgmlType::q4_k) {  // no quantizer: small finite d and dmin
+      for (size_t b = 0; b < row_bytes; b += 144) {
+        for (int i = 4; i < 144; ++i) row[b + size_t(i)] = uint8_t(rng());
+        const uint16_t d = f32_to_fp16(0.002f + 0.01f * float(rng() % 100) / 100), dmin = f32_to_fp16(0.004f);
+        std::memcpy(row + b, &d, 2);
+        std::memcpy(row + b + 2, &dmin, 2);
+      }
+    } else {
+      EXPECT_NE(t.from_float, nullptr) << ggml_type_name(type);
+      for (float& v : wf) v = nd(rng);
+      t.from_float(wf.data(), row, cols);
+    }
+  }
+  return w;
+}
+
+// Device copies that free themselves.
+struct Dev {
+  void* p = nullptr;
+  explicit Dev(size_t bytes) {
+    auto r = gpu::device_alloc(bytes);
+    EXPECT_TRUE(r.ok()) << r.error().message;
+    if (r) p = *r;
+  }
+  ~Dev() { gpu::device_free(p); }
+  float* f() const { return static_cast<float*>(p); }
+};
+
+TEST(CudaKernels, MatmulMatchesTheCpuReferencePerFormat) {
+  SKIP_WITHOUT_DEVICE();
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd;
   const int64_t rows = 37, cols = 1024;
-  for (GgmlType type : {GgmlType::f32, GgmlType::bf16, GgmlType::q8_0, GgmlType::q4_k, GgmlType::mxfp4}) {
-    SCOPED_TRACE(std::string(ggml_type_name(type)));
-    const QuantTraits& t = quant_traits(type);
-    const size_t row_bytes = ggml_row_bytes(type, cols);
-    std::vector<uint8_t> w(size_t(rows) * row_bytes);
-    std::vector<float> wf(static_cast<size_t>(cols));
-    for (int64_t r = 0; r < rows; ++r) {
-      uint8_t* row = &w[size_t(r) * row_bytes];
-      if (type == GgmlType::mxfp4) {  // no quantizer: random blocks with sane exponents
-        for (size_t b = 0; b < row_bytes; b += 17) {
-          row[b] = uint8_t(120 + rng() % 12);
-          for (int i = 1; i < 17; ++i) row[b + size_t(i)] = uint8_t(rng());
+  for (GgmlType type :
+       {GgmlType::f32, GgmlType::bf16, GgmlType::q8_0, GgmlType::q4_k, GgmlType::q6_k, GgmlType::mxfp4}) {
+    for (int64_t n_tok : {1, 11}) {  // one token, and a batch that is not a multiple of the kernel's 8
+      SCOPED_TRACE(std::string(ggml_type_name(type)) + " tokens " + std::to_string(n_tok));
+      ASSERT_TRUE(gpu::cuda_has_matmul(type));
+      const size_t row_bytes = ggml_row_bytes(type, cols);
+      const std::vector<uint8_t> w = random_weights(rng, type, rows, cols);
+      std::vector<float> x(size_t(n_tok * cols));
+      for (float& v : x) v = nd(rng);
+      std::vector<float> y(size_t(n_tok * rows), NAN);
+      Dev dw(w.size()), dx(x.size() * 4), dy(y.size() * 4);
+      ASSERT_TRUE(gpu::copy_to_device(dw.p, w.data(), w.size()).ok());
+      ASSERT_TRUE(gpu::copy_to_device(dx.p, x.data(), x.size() * 4).ok());
+      const Status st = gpu::cuda_matmul(type, static_cast<const uint8_t*>(dw.p), rows, cols, row_bytes, dx.f(), n_tok,
+                                         dy.f());
+      ASSERT_TRUE(st.ok()) << st.error().message;
+      ASSERT_TRUE(gpu::copy_to_host(y.data(), dy.p, y.size() * 4).ok());
+      std::vector<float> wf(static_cast<size_t>(cols));
+      for (int64_t r = 0; r < rows; ++r) {
+        quant_traits(type).dequantize_row(&w[size_t(r) * row_bytes], wf.data(), cols);
+        for (int64_t t = 0; t < n_tok; ++t) {
+          double ref = 0, mag = 0;
+          for (int64_t k = 0; k < cols; ++k) {
+            ref += double(wf[size_t(k)]) * x[size_t(t * cols + k)];
+            mag += std::fabs(double(wf[size_t(k)]) * x[size_t(t * cols + k)]);
+          }
+          EXPECT_NEAR(y[size_t(t * rows + r)], ref, 1e-5 * mag + 1e-6) << "row " << r << " token " << t;
         }
-      } else if (t.from_float == nullptr) {  // Q4_K (no quantizer): random blocks, small finite d and dmin
-        ASSERT_EQ(type, GgmlType::q4_k);
-        for (size_t b = 0; b < row_bytes; b += 144) {
-          for (int i = 4; i < 144; ++i) row[b + size_t(i)] = uint8_t(rng());
-          const uint16_t d = f32_to_fp16(0.002f + 0.01f * float(rng() % 100) / 100), dmin = f32_to_fp16(0.004f);
-          std::memcpy(row + b, &d, 2);
-          std::memcpy(row + b + 2, &dmin, 2);
-        }
-      } else {
-        for (float& v : wf) v = nd(rng);
-        t.from_float(wf.data(), row, cols);
       }
-    }
-    std::vector<float> x(static_cast<size_t>(cols));
-    for (float& v : x) v = nd(rng);
-    std::vector<float> y(size_t(rows), NAN);
-    const Status st = gpu::cuda_matvec(type, w.data(), rows, cols, row_bytes, x.data(), y.data());
-    ASSERT_TRUE(st.ok()) << st.error().message;
-    for (int64_t r = 0; r < rows; ++r) {
-      t.dequantize_row(&w[size_t(r) * row_bytes], wf.data(), cols);  // the values the weights hold
-      double ref = 0, mag = 0;
-      for (int64_t k = 0; k < cols; ++k) {
-        ref += double(wf[size_t(k)]) * x[size_t(k)];
-        mag += std::fabs(double(wf[size_t(k)]) * x[size_t(k)]);
-      }
-      EXPECT_NEAR(y[size_t(r)], ref, 1e-5 * mag + 1e-6) << "row " << r;
     }
   }
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& ref, double rel, const char* what) {
+  ASSERT_EQ(got.size(), ref.size());
+  double mag = 0;
+  for (float v : ref) mag = std::max(mag, double(std::fabs(v)));
+  int bad = 0;
+  for (size_t i = 0; i < got.size() && bad < 5; ++i)
+    if (!(std::fabs(got[i] - ref[i]) <= rel * mag + 1e-6)) {
+      ADD_FAILURE() << what << " [" << i << "]: " << got[i] << " vs " << ref[i] << " (max |ref| " << mag << ")";
+      ++bad;
+    }
+}
+
+std::vector<float> randn(std::mt19937& rng, size_t n) {
+  std::normal_distribution<float> nd;
+  std::vector<float> v(n);
+  for (float& x : v) x = nd(rng);
+  return v;
+}
+
+Weight f32_weight(const std::vector<float>& v, int64_t n_in, int64_t n_out) {
+  Weight w;
+  w.data = reinterpret_cast<const uint8_t*>(v.data());
+  w.type = GgmlType::f32;
+  w.n_in = n_in;
+  w.n_out = n_out;
+  w.row_bytes = size_t(n_in) * 4;
+  return w;
+}
+
+TEST(CudaBackend, OpsMatchTheCpuBackend) {
+  SKIP_WITHOUT_DEVICE();
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  // a backend per section, made after the host data it copies (it knows weights by address) and
+  // gone before them; every op here has a device kernel and fits the budget
+  auto device = [] {
+    auto be = CudaBackend::create(uint64_t(1) << 30, cpu::MatmulPath::exact);
+    EXPECT_TRUE(be.ok()) << be.error().message;
+    return be ? std::move(*be) : nullptr;
+  };
+  auto all_on_device = [](const CudaBackend& be) {
+    const CudaBackend::Stats st = be.stats();
+    EXPECT_TRUE(st.error.empty()) << st.error;
+    EXPECT_EQ(st.host_ops, 0);
+    EXPECT_GT(st.device_ops, 0);
+  };
+  const CpuBackend c(cpu::MatmulPath::exact);
+
+  // rms_norm, with and without a weight
+  {
+    const int64_t n_tok = 5, n = 384;
+    const std::vector<float> x = randn(rng, size_t(n_tok * n)), wv = randn(rng, size_t(n));
+    const Weight w = f32_weight(wv, n, 1);
+    const auto be = device();
+    ASSERT_NE(be, nullptr);
+    const CudaBackend& g = *be;
+    std::vector<float> a(x.size()), b(x.size());
+    g.rms_norm_rows(x.data(), w, n_tok, n, 1e-6f, a.data());
+    c.rms_norm_rows(x.data(), w, n_tok, n, 1e-6f, b.data());
+    expect_close(a, b, 1e-5, "rms_norm");
+    g.rms_norm_rows(x.data(), Weight{}, n_tok, n, 1e-6f, a.data());
+    c.rms_norm_rows(x.data(), Weight{}, n_tok, n, 1e-6f, b.data());
+    expect_close(a, b, 1e-5, "rms_norm without a weight");
+    all_on_device(g);
+  }
+  // rope: NEOX, NORM, YaRN, partial rotation
+  for (int variant = 0; variant < 4; ++variant) {
+    SCOPED_TRACE("rope variant " + std::to_string(variant));
+    cpu::RopeParams p;
+    const int n_head = 4, head_dim = 64;
+    p.kind = variant == 1 ? cpu::RopeKind::norm : cpu::RopeKind::neox;
+    p.n_rot = variant == 3 ? 32 : head_dim;
+    p.freq_base = 10000.0f;
+    if (variant == 2) {
+      p.factor = 4.0f, p.n_ctx_orig = 4096, p.ext_factor = 1.0f;
+      p.freq_base = 150000.0f;
+    }
+    const int64_t n_tok = 7, pos0 = 293;
+    std::vector<float> a = randn(rng, size_t(n_tok * n_head * head_dim)), b = a;
+    const auto be = device();
+    ASSERT_NE(be, nullptr);
+    const CudaBackend& g = *be;
+    g.rope(a.data(), n_tok, n_head, head_dim, pos0, p);
+    c.rope(b.data(), n_tok, n_head, head_dim, pos0, p);
+    expect_close(a, b, 5e-3, "rope");
+    all_on_device(g);
+  }
+  // attention: float and half caches, GQA groups, a window, sinks
+  for (KvType type : {KvType::f32, KvType::f16})
+    for (int variant = 0; variant < 3; ++variant) {
+      SCOPED_TRACE(std::string(type == KvType::f16 ? "half" : "float") + " attention variant " +
+                   std::to_string(variant));
+      const int H = 8, HKV = 2, DK = 64, DV = 64, ctx = 100;
+      const int64_t pos0 = 70, n_tok = variant == 1 ? 1 : 9;
+      KvCache cache;
+      cache.init_key_blocks(2, ctx, HKV, DK, HKV * DV, type);
+      std::normal_distribution<float> nd;
+      for (int64_t pos = 0; pos < pos0 + n_tok; ++pos)
+        for (int hk = 0; hk < HKV; ++hk) {
+          const int64_t kb = KvCache::kKeyBlock;
+          for (int d = 0; d < DK; ++d) {
+            if (type == KvType::f16) cache.k_block16(1, hk, pos / kb)[d * kb + pos % kb] = f32_to_fp16(nd(rng));
+            else cache.k_block(1, hk, pos / kb)[d * kb + pos % kb] = nd(rng);
+          }
+          for (int d = 0; d < DV; ++d) {
+            if (type == KvType::f16) cache.v_head16(1, hk)[pos * DV + d] = f32_to_fp16(nd(rng));
+            else cache.v_head(1, hk)[pos * DV + d] = nd(rng);
+          }
+        }
+      const std::vector<float> sinks = randn(rng, H), q = randn(rng, size_t(n_tok * H * DK));
+      const AttentionParams p{.n_head = H,
+                              .n_head_kv = HKV,
+                              .head_dim_k = DK,
+                              .head_dim_v = DV,
+                              .scale = 0.125f,
+                              .n_swa = variant == 2 ? 16 : 0,
+                              .sinks = variant == 2 ? sinks.data() : nullptr};
+      std::vector<float> a(size_t(n_tok * H * DV)), b(a.size());
+      const auto be = device();
+      ASSERT_NE(be, nullptr);
+      const CudaBackend& g = *be;
+      g.attention_gqa(p, cache, 1, q.data(), n_tok, pos0, a.data());
+      c.attention_gqa(p, cache, 1, q.data(), n_tok, pos0, b.data());
+      expect_close(a, b, 1e-4, "attention");
+      all_on_device(g);
+    }
+  // matmul and the SwiGLU FFN (silu; swiglu_oai with biases), Q8_0 weights, accumulate and scale
+  for (int variant = 0; variant < 2; ++variant) {
+    SCOPED_TRACE("ffn variant " + std::to_string(variant));
+    const int64_t E = 256, F = 512, n_tok = 3;
+    const std::vector<uint8_t> gw = random_weights(rng, GgmlType::q8_0, F, E), uw = random_weights(rng, GgmlType::q8_0, F, E),
+                               dw = random_weights(rng, GgmlType::q8_0, E, F);
+    auto weight = [](const std::vector<uint8_t>& bytes, int64_t n_in, int64_t n_out) {
+      Weight w;
+      w.data = bytes.data();
+      w.type = GgmlType::q8_0;
+      w.n_in = n_in;
+      w.n_out = n_out;
+      w.row_bytes = ggml_row_bytes(GgmlType::q8_0, n_in);
+      return w;
+    };
+    const Weight gate = weight(gw, E, F), up = weight(uw, E, F), down = weight(dw, F, E);
+    const std::vector<float> h = randn(rng, size_t(n_tok * E)), scale = {0.5f, 1.0f, 2.0f}, gb = randn(rng, size_t(F)),
+                             ub = randn(rng, size_t(F)), db = randn(rng, size_t(E));
+    SwigluOptions opt;
+    if (variant == 1) {
+      opt.gate_b = gb.data(), opt.up_b = ub.data(), opt.down_b = db.data();
+      opt.glu = {GluKind::swiglu_oai, 1.702f, 7.0f};
+    }
+    std::vector<float> a = randn(rng, size_t(n_tok * E)), b = a;
+    const auto be = device();
+    ASSERT_NE(be, nullptr);
+    const CudaBackend& g = *be;
+    g.swiglu_ffn(gate, up, down, h.data(), n_tok, scale.data(), true, a.data(), opt);
+    c.swiglu_ffn(gate, up, down, h.data(), n_tok, scale.data(), true, b.data(), opt);
+    expect_close(a, b, 1e-4, "swiglu_ffn");
+    std::vector<float> ya(size_t(n_tok * F)), yb(ya.size());
+    g.matmul(gate, h.data(), n_tok, ya.data());
+    c.matmul(gate, h.data(), n_tok, yb.data());
+    expect_close(ya, yb, 1e-5, "matmul");
+    all_on_device(g);
+  }
+}
+
+// The logits of `model_path` on the CUDA backend against the fixture's exact logits, within the
+// fixtures README's bounds for the quantized path; both layouts (mapped, and read into RAM with
+// the rows the CPU kernels interleave).
+void check_model_on_cuda(const std::filesystem::path& dir, const std::string& quant) {
+  for (MappedFile::Mode mode : {MappedFile::Mode::mmap, MappedFile::Mode::ram}) {
+    SCOPED_TRACE(dir.string() + " " + quant + (mode == MappedFile::Mode::ram ? " ram" : " mmap"));
+    auto model = Model::load((dir / ("model-" + quant + ".gguf")).string(), mode);
+    ASSERT_TRUE(model.ok()) << model.error().message;
+    auto be = CudaBackend::create(uint64_t(4) << 30);
+    ASSERT_TRUE(be.ok()) << be.error().message;
+    const CudaBackend* cuda = be->get();
+    (*model)->backend = std::move(*be);
+    const int V = (*model)->hparams().n_vocab;
+    std::ifstream in(dir / "tokens.json");
+    const auto ids = nlohmann::json::parse(in)["ids"].get<std::vector<int32_t>>();
+    ASSERT_FALSE(ids.empty());
+    Session s(**model, 256, cpu::MatmulPath::quantized);
+    ASSERT_EQ(&s.backend(), cuda);
+    auto logits = s.eval(ids, true);
+    ASSERT_TRUE(logits.ok()) << logits.error().message;
+    const test::LogitStats st = test::compare(*logits, test::read_f32(dir / ("logits-" + quant + ".exact.f32")), V);
+    std::printf("  %s on CUDA: median rms_rel %.4f, cos>=0.99 %.0f%%, top-1 %.1f%%\n", dir.filename().c_str(),
+                st.median_rms_rel, 100 * st.frac_cos_099, 100 * st.top1);
+    EXPECT_LE(st.median_rms_rel, 0.05);
+    EXPECT_GE(st.frac_cos_099, 0.90);
+    EXPECT_GE(st.top1, 0.85);
+    EXPECT_GE(st.top1_clear, 0.95);
+    const CudaBackend::Stats cs = cuda->stats();
+    EXPECT_TRUE(cs.error.empty()) << cs.error;
+    EXPECT_GT(cs.device_ops, 0);
+  }
+}
+
+TEST(CudaBackend, VendoredQwen3MoeLogits) {
+  SKIP_WITHOUT_DEVICE();
+  check_model_on_cuda(test::data_dir() / "models" / "qwen3moe", "Q4_K_M");
+}
+
+TEST(CudaBackend, FixtureLogitsOfEveryArchitecture) {
+  SKIP_WITHOUT_DEVICE();
+  const auto dir = test::fixtures_dir();
+  if (!dir) GTEST_SKIP() << "../shared/fixtures not found";
+  for (const char* arch : {"qwen3moe", "qwen2moe", "llama", "gpt-oss", "deepseek2", "deepseek4"})
+    for (const auto& entry : std::filesystem::directory_iterator(*dir / "models" / arch)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("model-", 0) != 0 || entry.path().extension() != ".gguf") continue;
+      check_model_on_cuda(entry.path().parent_path(), name.substr(6, name.size() - 11));
+    }
 }
 
 }  // namespace

@@ -19,12 +19,6 @@ namespace fs = std::filesystem;
 
 constexpr float kExactTolerance = 1e-3f;  // fixtures README: float path vs .exact logits
 
-std::vector<float> read_f32(const fs::path& p) {
-  auto bytes = test::read_file(p);
-  std::vector<float> v(bytes.size() / 4);
-  std::memcpy(v.data(), bytes.data(), v.size() * 4);
-  return v;
-}
 
 nlohmann::json read_json(const fs::path& p) {
   std::ifstream in(p);
@@ -46,7 +40,7 @@ void check_model(const Case& c) {
   const Model& m = **model;
   const int V = m.hparams().n_vocab;
   auto ids = read_json(c.dir / "tokens.json")["ids"].get<std::vector<int32_t>>();
-  auto ref = read_f32(c.dir / ("logits-" + c.quant + ".exact.f32"));
+  auto ref = test::read_f32(c.dir / ("logits-" + c.quant + ".exact.f32"));
   ASSERT_EQ(ref.size(), ids.size() * size_t(V));
 
   // one batch
@@ -94,50 +88,6 @@ void check_model(const Case& c) {
               c.quant.c_str(), max_diff, max_seq);
 }
 
-// Statistics of logits `got` against `ref` ([n_pos][V]) as the fixtures README defines them.
-struct LogitStats {
-  double median_rms_rel = 0, frac_cos_099 = 0, top1 = 0, top1_clear = 0;
-};
-LogitStats compare(const std::vector<float>& got, const std::vector<float>& ref, int V) {
-  const size_t n = ref.size() / size_t(V);
-  std::vector<double> rms_rel;
-  int cos_ok = 0, top1 = 0, clear = 0, top1_clear = 0;
-  for (size_t t = 0; t < n; ++t) {
-    const float* g = got.data() + t * V;
-    const float* r = ref.data() + t * V;
-    double dd = 0, rr = 0, gg = 0, gr = 0, mean = 0;
-    for (int i = 0; i < V; ++i) {
-      dd += double(g[i] - r[i]) * (g[i] - r[i]);
-      rr += double(r[i]) * r[i];
-      gg += double(g[i]) * g[i];
-      gr += double(g[i]) * r[i];
-      mean += r[i];
-    }
-    rms_rel.push_back(std::sqrt(dd / rr));
-    cos_ok += gr / std::sqrt(gg * rr) >= 0.99;
-    const int32_t ta = argmax({g, size_t(V)}), tb = argmax({r, size_t(V)});
-    top1 += ta == tb;
-    // the reference's lead of top-1 over top-2, against 0.1 of the row's std
-    mean /= V;
-    double var = 0;
-    float second = -INFINITY;
-    for (int i = 0; i < V; ++i) {
-      var += (r[i] - mean) * (r[i] - mean);
-      if (i != tb) second = std::max(second, r[i]);
-    }
-    if (r[tb] - second > 0.1 * std::sqrt(var / V)) {
-      ++clear;
-      top1_clear += ta == tb;
-    }
-  }
-  std::sort(rms_rel.begin(), rms_rel.end());
-  LogitStats st;
-  st.median_rms_rel = rms_rel[n / 2];
-  st.frac_cos_099 = double(cos_ok) / double(n);
-  st.top1 = double(top1) / double(n);
-  st.top1_clear = clear ? double(top1_clear) / clear : 1.0;
-  return st;
-}
 
 // The default path (quantized activations) against exact float and against llama.cpp's own
 // quantized logits, within the fixtures README's statistical bounds (routing flips are legitimate).
@@ -160,8 +110,8 @@ void check_quantized(const Case& c, MappedFile::Mode mode) {
   ASSERT_TRUE(logits.ok()) << logits.error().message;
   const std::string layout = (*model)->repacked_bytes > 0 ? " (repacked)" : "";
   for (const char* ref_name : {".exact.f32", ".f32"}) {
-    auto ref = read_f32(c.dir / ("logits-" + c.quant + ref_name));
-    LogitStats st = compare(*logits, ref, V);
+    auto ref = test::read_f32(c.dir / ("logits-" + c.quant + ref_name));
+    test::LogitStats st = test::compare(*logits, ref, V);
     std::printf("  %s %s%s vs logits-%s%s: median rms_rel %.4f, cos>=0.99 %.0f%%, top-1 %.1f%% (clear %.1f%%)\n",
                 c.dir.filename().c_str(), c.quant.c_str(), layout.c_str(), c.quant.c_str(), ref_name,
                 st.median_rms_rel, 100 * st.frac_cos_099, 100 * st.top1, 100 * st.top1_clear);
@@ -231,7 +181,7 @@ TEST(Forward, DeepSeekV2LiteSelfConsistent) {
   Session q(**model, 64, cpu::MatmulPath::quantized);
   auto ql = q.eval(ids, true);
   ASSERT_TRUE(ql.ok());
-  LogitStats st = compare(*ql, *all, V);
+  test::LogitStats st = test::compare(*ql, *all, V);
   EXPECT_LE(st.median_rms_rel, 0.05);
   EXPECT_GE(st.top1_clear, 0.95);
 }

@@ -3,12 +3,15 @@
 #include <random>
 #include <algorithm>
 #include <cstdio>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <stdexcept>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include "engine/session.h"
 #include "model/synth.h"
 
 namespace fs = std::filesystem;
@@ -94,6 +97,54 @@ int run_cli(const std::string& args, std::string* output, bool stdout_only) {
   int status = pclose(pipe);
   if (output) *output = out;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+std::vector<float> read_f32(const fs::path& p) {
+  auto bytes = read_file(p);
+  std::vector<float> v(bytes.size() / 4);
+  std::memcpy(v.data(), bytes.data(), v.size() * 4);
+  return v;
+}
+
+LogitStats compare(const std::vector<float>& got, const std::vector<float>& ref, int V) {
+  const size_t n = ref.size() / size_t(V);
+  std::vector<double> rms_rel;
+  int cos_ok = 0, top1 = 0, clear = 0, top1_clear = 0;
+  for (size_t t = 0; t < n; ++t) {
+    const float* g = got.data() + t * V;
+    const float* r = ref.data() + t * V;
+    double dd = 0, rr = 0, gg = 0, gr = 0, mean = 0;
+    for (int i = 0; i < V; ++i) {
+      dd += double(g[i] - r[i]) * (g[i] - r[i]);
+      rr += double(r[i]) * r[i];
+      gg += double(g[i]) * g[i];
+      gr += double(g[i]) * r[i];
+      mean += r[i];
+    }
+    rms_rel.push_back(std::sqrt(dd / rr));
+    cos_ok += gr / std::sqrt(gg * rr) >= 0.99;
+    const int32_t ta = argmax({g, size_t(V)}), tb = argmax({r, size_t(V)});
+    top1 += ta == tb;
+    // the reference's lead of top-1 over top-2, against 0.1 of the row's std
+    mean /= V;
+    double var = 0;
+    float second = -INFINITY;
+    for (int i = 0; i < V; ++i) {
+      var += (r[i] - mean) * (r[i] - mean);
+      if (i != tb) second = std::max(second, r[i]);
+    }
+    if (r[tb] - second > 0.1 * std::sqrt(var / V)) {
+      ++clear;
+      top1_clear += ta == tb;
+    }
+  }
+  std::sort(rms_rel.begin(), rms_rel.end());
+  LogitStats st;
+  st.median_rms_rel = rms_rel[n / 2];
+  st.frac_cos_099 = double(cos_ok) / double(n);
+  st.top1 = double(top1) / double(n);
+  st.top1_clear = clear ? double(top1_clear) / clear : 1.0;
+  return st;
 }
 
 }  // namespace strata::test

@@ -28,6 +28,16 @@ std::unique_ptr<Model> synth_q8_model(const char* name, std::vector<uint8_t>& by
 std::vector<int32_t> random_ids(int n, uint32_t seed, int vocab);
 
 std::vector<uint8_t> read_file(const std::filesystem::path& p);
+// A file of float32 values (the fixtures' logits-*.f32).
+std::vector<float> read_f32(const std::filesystem::path& p);
+
+// Statistics of logits `got` against `ref` ([n_pos][V]) as the fixtures README defines them:
+// the median over positions of the relative RMS error, the fraction of positions with cosine
+// >= 0.99, top-1 agreement, and top-1 agreement where the reference's lead is clear.
+struct LogitStats {
+  double median_rms_rel = 0, frac_cos_099 = 0, top1 = 0, top1_clear = 0;
+};
+LogitStats compare(const std::vector<float>& got, const std::vector<float>& ref, int V);
 void write_file(const std::filesystem::path& p, const std::vector<uint8_t>& bytes);
 // A fresh empty directory under the build tree for one test.
 std::filesystem::path scratch_dir(const std::string& name);

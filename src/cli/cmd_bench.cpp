@@ -26,6 +26,7 @@
 #include "engine/session.h"
 #include "model/trace_routing.h"
 #include "storage/disk_probe.h"
+#include "gpu/cuda_backend.h"
 #include "gpu/gpu_tier.h"
 #include "storage/expert_store.h"
 
@@ -74,7 +75,24 @@ struct TestResult {
   double gpu_vram_share = 0, gpu_ship_share = 0, gpu_cpu_share = 0;
   double gpu_model_cpu_ms = 0, gpu_model_gpu_ms = 0, gpu_model_copy_ms = 0;  // per token
   std::string gpu_text;
+  // The CUDA backend's ops of this test (last rep): on the device / left to the host, and the
+  // activation bytes copied each way per token
+  int64_t cuda_device_ops = 0, cuda_host_ops = 0;
+  double cuda_h2d_per_token = 0, cuda_d2h_per_token = 0;
+  std::string cuda_text;
 };
+
+void cuda_figures(const CudaBackend::Stats& a, const CudaBackend::Stats& b, double tokens, TestResult& r) {
+  r.cuda_device_ops = b.device_ops - a.device_ops;
+  r.cuda_host_ops = b.host_ops - a.host_ops;
+  r.cuda_h2d_per_token = double(b.h2d_bytes - a.h2d_bytes) / tokens;
+  r.cuda_d2h_per_token = double(b.d2h_bytes - a.d2h_bytes) / tokens;
+  r.cuda_text = strfmt("CUDA backend: %" PRId64 " ops on the device, %" PRId64 " on the host; %s of weights on the device; "
+                       "per token %s copied in (weights on first use included), %s out%s%s",
+                       r.cuda_device_ops, r.cuda_host_ops, format_bytes(double(b.weight_bytes)).c_str(),
+                       format_bytes(r.cuda_h2d_per_token).c_str(), format_bytes(r.cuda_d2h_per_token).c_str(),
+                       b.error.empty() ? "" : "; stopped: ", b.error.c_str());
+}
 
 // The GPU tier's figures of one run: where the expert uses went, and the modelled expert time per
 // token of each side.
@@ -244,7 +262,8 @@ int run_bench(const BenchOptions& o) {
       if (n > 0 && st > 0) tests.push_back({false, n, st});
 
   cpu::ThreadPool& pool = cpu::compute_pool();
-  const std::string backend = "CPU " + std::string(cpu::isa_name());
+  const auto* cuda = dynamic_cast<const CudaBackend*>(m.backend.get());
+  const std::string backend = "CPU " + std::string(cpu::isa_name()) + (cuda != nullptr ? " + CUDA" : "");
   const std::string model_name = sm.name.empty() ? sm.arch : sm.name;
   const double params = double(sm.n_params) / 1e9;
   std::mt19937 rng(1234);
@@ -311,6 +330,7 @@ int run_bench(const BenchOptions& o) {
       if (store != nullptr) store->reset_stats();
       prof::reset();
       const GpuTier::Stats gpu_before = m.gpu_tier ? m.gpu_tier->stats() : GpuTier::Stats{};
+      const CudaBackend::Stats cuda_before = cuda != nullptr ? cuda->stats() : CudaBackend::Stats{};
       prof::enable(o.profile);
       const auto t0 = std::chrono::steady_clock::now();
       if (t.prefill) {
@@ -350,6 +370,7 @@ int run_bench(const BenchOptions& o) {
       if (o.profile) r.profile_text = profile_line(t.n);
       node_figures(double(t.n) * (t.prefill ? 1 : t.streams), sec, r);
       if (m.gpu_tier) gpu_figures(gpu_before, m.gpu_tier->stats(), double(t.n) * (t.prefill ? 1 : t.streams), r);
+      if (cuda != nullptr) cuda_figures(cuda_before, cuda->stats(), double(t.n) * (t.prefill ? 1 : t.streams), r);
       if (store != nullptr) nvme_figures(store->stats(), double(t.n) * (t.prefill ? 1 : t.streams), nvme_probe_gbps, r);
     }
     if (!o.json) {
@@ -360,6 +381,7 @@ int run_bench(const BenchOptions& o) {
       if (store != nullptr) std::printf("    %s\n", r.nvme_text.c_str());
       std::printf("    %s\n", r.node_text.c_str());
       if (!r.gpu_text.empty()) std::printf("    %s\n", r.gpu_text.c_str());
+      if (!r.cuda_text.empty()) std::printf("    %s\n", r.cuda_text.c_str());
       std::fflush(stdout);
     }
     results.push_back(std::move(r));
@@ -399,6 +421,10 @@ int run_bench(const BenchOptions& o) {
                      {"gpu_model_cpu_ms_per_token", r.gpu_model_cpu_ms},
                      {"gpu_model_gpu_ms_per_token", r.gpu_model_gpu_ms},
                      {"gpu_model_copy_ms_per_token", r.gpu_model_copy_ms},
+                     {"cuda_device_ops", r.cuda_device_ops},
+                     {"cuda_host_ops", r.cuda_host_ops},
+                     {"cuda_h2d_bytes_per_token", r.cuda_h2d_per_token},
+                     {"cuda_d2h_bytes_per_token", r.cuda_d2h_per_token},
                      {"routing", o.routing}});
     }
     std::printf("%s\n", arr.dump(2).c_str());

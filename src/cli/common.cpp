@@ -8,6 +8,7 @@
 
 #include "cpu/calibrate.h"
 #include "cpu/thread_pool.h"
+#include "gpu/cuda_backend.h"
 #include "gpu/gpu_devices.h"
 #include "gpu/gpu_tier.h"
 #include "storage/expert_store.h"
@@ -147,6 +148,12 @@ Result<Loaded> load_model(const CommonOptions& o, const char* cmd) {
     const GpuTier::Stats st = (*m)->gpu_tier->stats();
     how += strfmt(", simulated GPU: %" PRId64 " expert slots of %s for %" PRId64 " experts (%s)", st.slots,
                   format_size(st.slot_bytes).c_str(), st.n_experts, go.costs.describe().c_str());
+  }
+  if (c.vram_budget > 0 && !c.gpu_simulate && n_gpus > 0) {
+    auto be = CudaBackend::create(c.vram_budget);
+    if (!be) return Error{"config " + c.source + ": budgets.vram: " + be.error().message};
+    (*m)->backend = std::move(*be);
+    how += ", dense part on the CUDA backend";
   }
   {
     std::string skipped;

@@ -394,10 +394,15 @@ Result<BudgetCheck> check_budgets(const Config& c, const ModelSummary& s, uint64
                         "CPU kernels from their VRAM copy; attention and dense weights stay on the CPU (docs/gpu.md)");
   } else if (c.vram_budget > 0) {
     if (n_gpus == 0) {
-      return Error{where + "budgets.vram is " + format_size(c.vram_budget) +
-                   " but this machine has no usable GPU; set budgets.vram = 0 (or use configs/cpu-only.toml)"};
+      out.notes.push_back("budgets.vram is " + format_size(c.vram_budget) +
+                          " but this machine has no usable GPU (no device, no driver, or a build without CUDA): "
+                          "everything runs on the CPU");
+    } else {
+      out.notes.push_back("budgets.vram: " + format_size(c.vram_budget) +
+                          " on the GPU: the dense part (attention, norms, routers, dense and shared FFNs, lm head) "
+                          "runs on the CUDA backend; routed experts stay on the CPU (the VRAM expert cache runs on "
+                          "the simulated device only so far, docs/gpu.md)");
     }
-    out.notes.push_back("budgets.vram: the GPU tier is not built yet (issue #7); everything runs on the CPU");
   }
   const uint64_t fixed = s.n_bytes - s.expert_bytes_total;  // read by every token
   uint64_t budget = 0;

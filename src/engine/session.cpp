@@ -74,7 +74,7 @@ Result<std::vector<float>> Session::eval(std::span<const int32_t> tokens, bool a
   std::vector<float> logits(size_t((all_logits ? n : 1) * hp.n_vocab));
   const SeqSpan seq{&cache_, n_past_, n};
   std::vector<float> hidden(keep_hidden_ ? size_t(n * hp.n_embd) : 0);
-  STRATA_TRY(run_forward(model_, backend_, std::span<const SeqSpan>(&seq, 1), tokens.data(), all_logits, logits.data(),
+  STRATA_TRY(run_forward(model_, backend(), std::span<const SeqSpan>(&seq, 1), tokens.data(), all_logits, logits.data(),
                          keep_hidden_ ? hidden.data() : nullptr));
   if (keep_hidden_) {
     // rows of forgotten positions (a rewind) go; a gap (a truncation below the kept rows) restarts
@@ -132,7 +132,7 @@ Result<std::vector<float>> Session::eval_batch(std::span<Session* const> session
     all.insert(all.end(), tokens[s].begin(), tokens[s].end());
   }
   std::vector<float> logits(sessions.size() * size_t(hp.n_vocab));
-  STRATA_TRY(run_forward(m, sessions[0]->backend_, seqs, all.data(), false, logits.data()));
+  STRATA_TRY(run_forward(m, sessions[0]->backend(), seqs, all.data(), false, logits.data()));
   for (size_t s = 0; s < sessions.size(); ++s) sessions[s]->n_past_ += int64_t(tokens[s].size());
   gpu_step(m, sessions);
   return logits;

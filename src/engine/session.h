@@ -38,6 +38,12 @@ class Session {
   int n_ctx() const { return cache_.n_ctx; }
   KvType kv_type() const { return cache_.type; }
   cpu::MatmulPath path() const { return backend_.path(); }
+  // What this session's forward passes run on: the model's backend on the quantized path when it
+  // has one (the CUDA backend), else the session's own CpuBackend.
+  const Backend& backend() const {
+    if (model_.backend != nullptr && path() == cpu::MatmulPath::quantized) return *model_.backend;
+    return backend_;
+  }
   void reset() { n_past_ = 0; }
   // Forgets every position from n on (their cache rows are overwritten by the next eval). Returns
   // the positions kept: n, or 0 where the cache cannot resume inside what it held (deepseek4's

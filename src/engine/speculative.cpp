@@ -44,7 +44,7 @@ std::vector<TokenId> MtpDrafter::draft(std::span<const TokenId> history, int k) 
   n_exact_ = std::min(n_exact_, P);
   while (n_exact_ < P && target_.hidden_row(n_exact_) == nullptr) ++n_exact_;
   if (n_exact_ == P) return {};  // nothing kept to draft from
-  const CpuBackend be(target_.path());
+  const Backend& be = target_.backend();
   const int64_t n = P - n_exact_;
   std::vector<float> logits(static_cast<size_t>(m.hparams().n_vocab)), rows(static_cast<size_t>(n * E)),
       out(static_cast<size_t>(n * E));

@@ -1,8 +1,12 @@
-// The first kernels of the CUDA backend (issue #7): a matrix-vector product on weights in their
-// GGUF block layout (F32, BF16, Q8_0, Q4_K, MXFP4), dequantized in the kernel, float activations
-// and float accumulation. A reference-grade kernel (one warp per row, element by element):
-// correct first; the fast kernels and the Backend interface build on it. No CUDA type appears
-// here; builds without the CUDA library get errors that say so.
+// The CUDA kernels of the backend (issue #7) and the device memory they work on. No CUDA type
+// appears here: pointers are device addresses as void* / float*; builds without the CUDA library
+// (cuda_kernels_none.cpp) get errors that say so.
+//
+// Every kernel is reference-grade (correct first; fast kernels are the next step of #7): one warp
+// per output row of a matmul, weights dequantized in the kernel from the file's block layout
+// (F32, BF16, Q8_0, Q4_K, Q6_K, MXFP4), float accumulation; one warp per (token, head) of attention with
+// an online softmax. Kernels run in order on one stream; copy_to_host waits for them. A launch
+// error is returned by the call that launched it, an execution error by the next copy.
 #pragma once
 
 #include <cstddef>
@@ -16,10 +20,53 @@ namespace strata::gpu {
 // Whether a CUDA device and driver are usable (false in builds without CUDA).
 bool cuda_usable();
 
-// y[r] = sum_k W[r][k] x[k] for r < n_rows, k < n_cols, on device 0. w: n_rows rows of row_bytes
-// in the file's layout (not row-interleaved), x: n_cols floats, y: n_rows floats, all host
-// memory (copied in and out). Errors: no device, a type it has no kernel for, a CUDA failure.
-Status cuda_matvec(GgmlType type, const uint8_t* w, int64_t n_rows, int64_t n_cols, size_t row_bytes, const float* x,
-                   float* y);
+// Device memory on device 0. Errors: no device, out of device memory.
+Result<void*> device_alloc(size_t bytes);
+void device_free(void* p);  // null: nothing
+Status copy_to_device(void* dst, const void* src, size_t bytes);
+Status copy_to_host(void* dst, const void* src, size_t bytes);
+
+// Whether cuda_matmul has a kernel for weights of `type`.
+bool cuda_has_matmul(GgmlType type);
+// y[t][r] = sum_k W[r][k] x[t][k] for r < n_rows, t < n_tok. w: n_rows rows of row_bytes in the
+// file's layout (not row-interleaved), x [n_tok][n_cols], y [n_tok][n_rows], all on the device.
+Status cuda_matmul(GgmlType type, const uint8_t* w, int64_t n_rows, int64_t n_cols, size_t row_bytes, const float* x,
+                   int64_t n_tok, float* y);
+// out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w for n_rows rows of n floats (w may be null; out may alias x).
+Status cuda_rms_norm(const float* x, const float* w, int64_t n_rows, int64_t n, float eps, float* out);
+
+// cpu::RopeParams as plain numbers (cpu/ops.h: NEOX or NORM pairing, YaRN when ext_factor != 0).
+struct RopeArgs {
+  bool neox = true;
+  int n_rot = 0;
+  float freq_base = 10000.0f, factor = 1.0f;
+  int n_ctx_orig = 0;
+  float beta_fast = 32.0f, beta_slow = 1.0f, ext_factor = 0.0f, attn_factor = 1.0f;
+};
+// Rotates n_tok tokens of n_head heads of head_dim in place: x [n_tok][n_head][head_dim], token t
+// at position pos0 + t.
+Status cuda_rope(float* x, int64_t n_tok, int n_head, int head_dim, int64_t pos0, const RopeArgs& p);
+
+// Causal GQA attention (blocks.h attention_gqa) over a copy of one layer's KvCache rows 0 .. kv_len
+// in its layout: K in transposed key blocks [n_head_kv][k_blocks][head_dim_k][32], V by head
+// [n_head_kv][v_rows][head_dim_v], half or float. q [n_tok][n_head][head_dim_k] (unscaled),
+// out [n_tok][n_head][head_dim_v]; query t at position pos0 + t sees keys max(0, pos - n_swa + 1)
+// .. pos (all up to pos when n_swa is 0); sinks [n_head] (device, may be null).
+struct AttentionArgs {
+  int n_head = 0, n_head_kv = 0, head_dim_k = 0, head_dim_v = 0;
+  float scale = 0;
+  int n_swa = 0;
+  const float* sinks = nullptr;
+  bool half = false;
+  int64_t k_blocks = 0, v_rows = 0;
+};
+Status cuda_attention(const AttentionArgs& a, const float* q, const void* k, const void* v, int64_t n_tok,
+                      int64_t pos0, float* out);
+
+// g[i] = act(g[i]) * u[i] for n elements: kind 0 silu, 1 gpt-oss's swiglu_oai (alpha, limit),
+// 2 silu with clamps (limit); model.h GluKind.
+Status cuda_glu(int kind, float alpha, float limit, float* g, const float* u, int64_t n);
+// x[t][i] += b[i] for n_rows rows of n (b null: nothing).
+Status cuda_add_rows(float* x, const float* b, int64_t n_rows, int64_t n);
 
 }  // namespace strata::gpu

@@ -1,6 +1,7 @@
 #include "model/model.h"
 
 #include "gpu/gpu_tier.h"
+#include "model/backend.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -140,6 +140,7 @@ struct MtpWeights {
   Weight embed, head;                 // its own embeddings and head, else the model's
 };
 
+class Backend;
 class ExpertStore;
 class GpuTier;
 class RoutingOverride;
@@ -182,6 +183,9 @@ class Model {
   RoutingOverride* routing_override = nullptr;
   // The GPU tier's VRAM cache of routed experts (null: none; gpu/gpu_tier.h).
   std::unique_ptr<GpuTier> gpu_tier;
+  // The backend the forward passes of quantized-path sessions run on (null: each session's
+  // CpuBackend): the CUDA backend when budgets.vram names a real GPU (gpu/cuda_backend.h).
+  std::unique_ptr<Backend> backend;
 
  private:
   GgufFile file_;

@@ -1,6 +1,6 @@
 // CUDA kernels (gpu/cuda_kernels.h). Block layouts as ggml's (src/cpu/quant_blocks.h is the host
 // side's description): Q8_0 {fp16 d; int8 q[32]}, Q4_K {fp16 d, dmin; uint8 scales[12];
-// uint8 q[128]} per 256, MXFP4 {uint8 e8m0; uint8 q[16]} per 32.
+// uint8 q[128]} per 256, Q6_K (below), MXFP4 {uint8 e8m0; uint8 q[16]} per 32.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -66,6 +66,20 @@ __device__ __forceinline__ float element<int(GgmlType::q4_k)>(const uint8_t* row
   return half_at(b) * float(sc) * float(nib) - half_at(b + 2) * float(m);
 }
 
+// Q6_K {uint8 ql[128]; uint8 qh[64]; int8 scales[16]; fp16 d} per 256, as ggml's
+// dequantize_row_q6_K: two halves of 128, each four quarters of 32.
+template <>
+__device__ __forceinline__ float element<int(GgmlType::q6_k)>(const uint8_t* row, int64_t i) {
+  const uint8_t* b = row + (i / 256) * 210;
+  const int j = int(i % 256), n = j / 128, quarter = (j % 128) / 32, l = j % 32;
+  const uint8_t* ql = b + n * 64;
+  const uint8_t qh = b[128 + n * 32 + l];
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + n * 8 + l / 16;
+  const int low = quarter & 1 ? ql[l + 32] : ql[l];
+  const int q = ((quarter < 2 ? low & 0xF : low >> 4) | (((qh >> (2 * quarter)) & 3) << 4)) - 32;
+  return half_at(b + 208) * float(sc[2 * quarter]) * float(q);
+}
+
 template <>
 __device__ __forceinline__ float element<int(GgmlType::mxfp4)>(const uint8_t* row, int64_t i) {
   const uint8_t* b = row + (i / 32) * 17;
@@ -74,22 +88,186 @@ __device__ __forceinline__ float element<int(GgmlType::mxfp4)>(const uint8_t* ro
   return e8m0_half(b[0]) * float(kMxfp4[j < 16 ? q & 0xF : q >> 4]);
 }
 
-// One warp per row: lane l sums elements l, l + 32, ...; then a shuffle reduction.
+// Matmul: one warp per weight row and up to kTok tokens; lane l takes elements l, l + 32, ... of
+// the row (each dequantized once for the kTok tokens), then a shuffle reduction per token.
+constexpr int kTok = 8;
+
 template <int kType>
-__global__ void matvec_kernel(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t n_cols, const float* x,
-                              float* y) {
+__global__ void matmul_kernel(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t n_cols, const float* x,
+                              int64_t n_tok, float* y) {
   const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (r >= n_rows) return;
+  const int64_t t0 = int64_t(blockIdx.y) * kTok;
+  const int nt = n_tok - t0 < kTok ? int(n_tok - t0) : kTok;
   const int lane = threadIdx.x % 32;
   const uint8_t* row = w + size_t(r) * row_bytes;
-  float s = 0;
-  for (int64_t i = lane; i < n_cols; i += 32) s += element<kType>(row, i) * x[i];
-  for (int o = 16; o > 0; o /= 2) s += __shfl_down_sync(0xffffffffu, s, o);
-  if (lane == 0) y[r] = s;
+  float s[kTok] = {};
+  for (int64_t i = lane; i < n_cols; i += 32) {
+    const float e = element<kType>(row, i);
+#pragma unroll
+    for (int t = 0; t < kTok; ++t)
+      if (t < nt) s[t] += e * x[(t0 + t) * n_cols + i];
+  }
+#pragma unroll
+  for (int t = 0; t < kTok; ++t) {
+    float v = s[t];
+    for (int o = 16; o > 0; o /= 2) v += __shfl_down_sync(0xffffffffu, v, o);
+    if (lane == 0 && t < nt) y[(t0 + t) * n_rows + r] = v;
+  }
+}
+
+// One block of 256 threads per row: the sum of squares in double (as the CPU's rms_norm).
+__global__ void rms_norm_kernel(const float* x, const float* w, int64_t n, float eps, float* out) {
+  const float* xr = x + int64_t(blockIdx.x) * n;
+  float* orow = out + int64_t(blockIdx.x) * n;
+  double ss = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += double(xr[i]) * double(xr[i]);
+  __shared__ double part[256];
+  part[threadIdx.x] = ss;
+  __syncthreads();
+  for (int o = blockDim.x / 2; o > 0; o /= 2) {
+    if (int(threadIdx.x) < o) part[threadIdx.x] += part[threadIdx.x + o];
+    __syncthreads();
+  }
+  const float scale = 1.0f / sqrtf(float(part[0] / double(n)) + eps);
+  // every thread has read part[0] before any writes out (out may alias x; each element is read
+  // and written by the same thread)
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) orow[i] = xr[i] * scale * (w ? w[i] : 1.0f);
+}
+
+__device__ float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
+  return n_dims * logf(n_ctx_orig / (n_rot * 2 * 3.14159265358979f)) / (2 * logf(base));
+}
+
+// One thread per (token, head, pair); ggml's rope_yarn as cpu::rope.
+__global__ void rope_kernel(float* x, int64_t n_tok, int n_head, int head_dim, int64_t pos0, RopeArgs p) {
+  const int half = p.n_rot / 2;
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n_tok * n_head * half) return;
+  const int i = int(idx % half);
+  const int64_t th = idx / half;  // token * n_head + head
+  const int64_t t = th / n_head;
+  const float theta_scale = powf(p.freq_base, -2.0f / float(p.n_rot));
+  const bool yarn = p.ext_factor != 0.0f;
+  const float freq_scale = 1.0f / p.factor;
+  const float theta_extrap = float(pos0 + t) * powf(theta_scale, float(i));
+  const float theta_interp = freq_scale * theta_extrap;
+  float theta = theta_interp, mscale = p.attn_factor;
+  if (yarn) {
+    const float corr_low = fmaxf(0.0f, floorf(yarn_corr_dim(p.n_rot, p.n_ctx_orig, p.beta_fast, p.freq_base)));
+    const float corr_high =
+        fminf(float(p.n_rot - 1), ceilf(yarn_corr_dim(p.n_rot, p.n_ctx_orig, p.beta_slow, p.freq_base)));
+    const float y = (float(i) - corr_low) / fmaxf(0.001f, corr_high - corr_low);
+    const float ramp_mix = (1.0f - fminf(1.0f, fmaxf(0.0f, y))) * p.ext_factor;
+    theta = theta_interp * (1 - ramp_mix) + theta_extrap * ramp_mix;
+    mscale *= 1.0f + 0.1f * logf(1.0f / freq_scale);
+  }
+  const float c = cosf(theta) * mscale, s = sinf(theta) * mscale;
+  float* v = x + th * head_dim;
+  const int a = p.neox ? i : 2 * i, b = p.neox ? i + half : 2 * i + 1;
+  const float x0 = v[a], x1 = v[b];
+  v[a] = x0 * c - x1 * s;
+  v[b] = x0 * s + x1 * c;
+}
+
+template <bool kHalf>
+__device__ __forceinline__ float kv_at(const void* p, int64_t i) {
+  if constexpr (kHalf) return __half2float(static_cast<const __half*>(p)[i]);
+  else return static_cast<const float*>(p)[i];
+}
+
+constexpr int kMaxDv = 512;  // head_dim_v up to 16 values per lane
+
+// One warp per (token, head): keys one at a time (the q.k dot split over the lanes, then reduced),
+// an online softmax, and each lane accumulating head_dim_v / 32 of the output values.
+template <bool kHalf>
+__global__ void attention_kernel(AttentionArgs a, const float* q, const void* k, const void* v, int64_t n_tok,
+                                 int64_t pos0, float* out) {
+  const int64_t wid = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (wid >= n_tok * a.n_head) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t t = wid / a.n_head;
+  const int h = int(wid % a.n_head), hk = h / (a.n_head / a.n_head_kv);
+  const int DK = a.head_dim_k, DV = a.head_dim_v, kb = 32;
+  const float* qr = q + wid * DK;
+  const int64_t pos = pos0 + t;
+  const int64_t first = a.n_swa > 0 && pos - a.n_swa + 1 > 0 ? pos - a.n_swa + 1 : 0;
+  const size_t k_head = size_t(hk) * size_t(a.k_blocks) * size_t(DK) * kb;
+  const size_t v_head = size_t(hk) * size_t(a.v_rows) * size_t(DV);
+  float m = -INFINITY, l = 0, acc[kMaxDv / 32] = {};
+  for (int64_t j = first; j <= pos; ++j) {
+    float d = 0;
+    const size_t kblk = k_head + size_t(j / kb) * size_t(DK) * kb + size_t(j % kb);
+    for (int i = lane; i < DK; i += 32) d += qr[i] * kv_at<kHalf>(k, kblk + size_t(i) * kb);
+    for (int o = 16; o > 0; o /= 2) d += __shfl_xor_sync(0xffffffffu, d, o);
+    const float sc = d * a.scale;
+    const float m_new = fmaxf(m, sc);
+    const float corr = expf(m - m_new), p = expf(sc - m_new);
+    l = l * corr + p;
+    const size_t vrow = v_head + size_t(j) * size_t(DV);
+#pragma unroll
+    for (int c = 0; c < kMaxDv / 32; ++c) {
+      const int i = lane + 32 * c;
+      if (i < DV) acc[c] = acc[c] * corr + p * kv_at<kHalf>(v, vrow + size_t(i));
+    }
+    m = m_new;
+  }
+  if (a.sinks != nullptr) {  // a virtual key of logit sinks[h] and no value
+    const float m_new = fmaxf(m, a.sinks[h]);
+    const float corr = expf(m - m_new);
+    l = l * corr + expf(a.sinks[h] - m_new);
+#pragma unroll
+    for (int c = 0; c < kMaxDv / 32; ++c) acc[c] *= corr;
+  }
+  float* o = out + wid * DV;
+#pragma unroll
+  for (int c = 0; c < kMaxDv / 32; ++c) {
+    const int i = lane + 32 * c;
+    if (i < DV) o[i] = acc[c] / l;
+  }
+}
+
+__global__ void glu_kernel(int kind, float alpha, float limit, float* g, const float* u, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  if (kind == 0) {
+    const float x = g[i];
+    g[i] = x / (1.0f + expf(-x)) * u[i];
+  } else {
+    const float x = fminf(g[i], limit), y = fminf(fmaxf(u[i], -limit), limit);
+    g[i] = kind == 1 ? x / (1.0f + expf(-alpha * x)) * (y + 1.0f) : x / (1.0f + expf(-x)) * y;
+  }
+}
+
+__global__ void add_rows_kernel(float* x, const float* b, int64_t n_rows, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n_rows * n) x[i] += b[i % n];
 }
 
 Status cuda_error(const char* what, cudaError_t e) {
   return Error{std::string("CUDA ") + what + ": " + cudaGetErrorString(e)};
+}
+
+Status launched(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? Status{} : cuda_error(what, e);
+}
+
+unsigned blocks_for(int64_t n, int per_block) { return unsigned((n + per_block - 1) / per_block); }
+
+using MatmulKernel = void (*)(const uint8_t*, size_t, int64_t, int64_t, const float*, int64_t, float*);
+
+// The kernel of a type, with its elements and bytes per block (null: none).
+MatmulKernel matmul_kernel_for(GgmlType type, int64_t* block, int64_t* block_bytes) {
+  switch (type) {
+    case GgmlType::f32: *block = 1, *block_bytes = 4; return matmul_kernel<int(GgmlType::f32)>;
+    case GgmlType::bf16: *block = 1, *block_bytes = 2; return matmul_kernel<int(GgmlType::bf16)>;
+    case GgmlType::q8_0: *block = 32, *block_bytes = 34; return matmul_kernel<int(GgmlType::q8_0)>;
+    case GgmlType::q4_k: *block = 256, *block_bytes = 144; return matmul_kernel<int(GgmlType::q4_k)>;
+    case GgmlType::q6_k: *block = 256, *block_bytes = 210; return matmul_kernel<int(GgmlType::q6_k)>;
+    case GgmlType::mxfp4: *block = 32, *block_bytes = 17; return matmul_kernel<int(GgmlType::mxfp4)>;
+    default: return nullptr;
+  }
 }
 
 }  // namespace
@@ -99,44 +277,88 @@ bool cuda_usable() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-Status cuda_matvec(GgmlType type, const uint8_t* w, int64_t n_rows, int64_t n_cols, size_t row_bytes, const float* x,
-                   float* y) {
-  using Kernel = void (*)(const uint8_t*, size_t, int64_t, int64_t, const float*, float*);
-  Kernel k = nullptr;
-  int64_t block = 1, block_bytes = 4;  // elements and bytes of one block of the type
-  switch (type) {
-    case GgmlType::f32: k = matvec_kernel<int(GgmlType::f32)>; break;
-    case GgmlType::bf16: k = matvec_kernel<int(GgmlType::bf16)>, block_bytes = 2; break;
-    case GgmlType::q8_0: k = matvec_kernel<int(GgmlType::q8_0)>, block = 32, block_bytes = 34; break;
-    case GgmlType::q4_k: k = matvec_kernel<int(GgmlType::q4_k)>, block = 256, block_bytes = 144; break;
-    case GgmlType::mxfp4: k = matvec_kernel<int(GgmlType::mxfp4)>, block = 32, block_bytes = 17; break;
-    default: return Error{"CUDA matvec: no kernel for GGML type " + std::to_string(int(type))};
-  }
-  if (n_rows < 0 || n_cols < 0 || n_cols % block != 0 || int64_t(row_bytes) < n_cols / block * block_bytes)
-    return Error{"CUDA matvec: " + std::to_string(n_cols) + " columns in rows of " + std::to_string(row_bytes) +
+Result<void*> device_alloc(size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
+  if (e != cudaSuccess) return cuda_error(("allocating " + std::to_string(bytes) + " bytes").c_str(), e).error();
+  return p;
+}
+
+void device_free(void* p) {
+  if (p != nullptr) cudaFree(p);
+}
+
+Status copy_to_device(void* dst, const void* src, size_t bytes) {
+  const cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+  return e == cudaSuccess ? Status{} : cuda_error("copy to device", e);
+}
+
+Status copy_to_host(void* dst, const void* src, size_t bytes) {
+  const cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+  return e == cudaSuccess ? Status{} : cuda_error("copy to host", e);
+}
+
+bool cuda_has_matmul(GgmlType type) {
+  int64_t block = 0, bytes = 0;
+  return matmul_kernel_for(type, &block, &bytes) != nullptr;
+}
+
+Status cuda_matmul(GgmlType type, const uint8_t* w, int64_t n_rows, int64_t n_cols, size_t row_bytes, const float* x,
+                   int64_t n_tok, float* y) {
+  int64_t block = 1, block_bytes = 4;
+  const MatmulKernel k = matmul_kernel_for(type, &block, &block_bytes);
+  if (k == nullptr) return Error{"CUDA matmul: no kernel for GGML type " + std::to_string(int(type))};
+  if (n_rows < 0 || n_cols < 0 || n_tok < 0 || n_cols % block != 0 ||
+      int64_t(row_bytes) < n_cols / block * block_bytes)
+    return Error{"CUDA matmul: " + std::to_string(n_cols) + " columns in rows of " + std::to_string(row_bytes) +
                  " bytes do not make whole blocks of the type"};
-  if (n_rows == 0) return {};
-  if (!cuda_usable()) return Error{"CUDA: no usable device"};
-  uint8_t* dw = nullptr;
-  float *dx = nullptr, *dy = nullptr;
-  const size_t wb = size_t(n_rows) * row_bytes;
-  cudaError_t e = cudaMalloc(&dw, wb);
-  if (e == cudaSuccess) e = cudaMalloc(&dx, size_t(n_cols) * sizeof(float));
-  if (e == cudaSuccess) e = cudaMalloc(&dy, size_t(n_rows) * sizeof(float));
-  if (e == cudaSuccess) e = cudaMemcpy(dw, w, wb, cudaMemcpyHostToDevice);
-  if (e == cudaSuccess) e = cudaMemcpy(dx, x, size_t(n_cols) * sizeof(float), cudaMemcpyHostToDevice);
-  if (e == cudaSuccess) {
-    constexpr int kWarps = 4;
-    const unsigned blocks = unsigned((n_rows + kWarps - 1) / kWarps);
-    k<<<blocks, 32 * kWarps>>>(dw, row_bytes, n_rows, n_cols, dx, dy);
-    e = cudaGetLastError();
-  }
-  if (e == cudaSuccess) e = cudaMemcpy(y, dy, size_t(n_rows) * sizeof(float), cudaMemcpyDeviceToHost);
-  cudaFree(dw);
-  cudaFree(dx);
-  cudaFree(dy);
-  if (e != cudaSuccess) return cuda_error("matvec", e);
-  return {};
+  if (n_rows == 0 || n_tok == 0) return {};
+  constexpr int kWarps = 4;
+  const dim3 grid(blocks_for(n_rows, kWarps), unsigned((n_tok + kTok - 1) / kTok));
+  k<<<grid, 32 * kWarps>>>(w, row_bytes, n_rows, n_cols, x, n_tok, y);
+  return launched("matmul");
+}
+
+Status cuda_rms_norm(const float* x, const float* w, int64_t n_rows, int64_t n, float eps, float* out) {
+  if (n_rows <= 0) return {};
+  rms_norm_kernel<<<unsigned(n_rows), 256>>>(x, w, n, eps, out);
+  return launched("rms_norm");
+}
+
+Status cuda_rope(float* x, int64_t n_tok, int n_head, int head_dim, int64_t pos0, const RopeArgs& p) {
+  if (p.n_rot <= 0 || p.n_rot > head_dim || p.n_rot % 2 != 0)
+    return Error{"CUDA rope: n_rot " + std::to_string(p.n_rot) + " for heads of " + std::to_string(head_dim)};
+  const int64_t n = n_tok * n_head * (p.n_rot / 2);
+  if (n == 0) return {};
+  rope_kernel<<<blocks_for(n, 256), 256>>>(x, n_tok, n_head, head_dim, pos0, p);
+  return launched("rope");
+}
+
+Status cuda_attention(const AttentionArgs& a, const float* q, const void* k, const void* v, int64_t n_tok,
+                      int64_t pos0, float* out) {
+  if (a.head_dim_v > kMaxDv || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0)
+    return Error{"CUDA attention: heads " + std::to_string(a.n_head) + "/" + std::to_string(a.n_head_kv) +
+                 " of value width " + std::to_string(a.head_dim_v) + " (the kernel takes up to " +
+                 std::to_string(kMaxDv) + ")"};
+  const int64_t warps = n_tok * a.n_head;
+  if (warps == 0) return {};
+  constexpr int kWarps = 4;
+  if (a.half) attention_kernel<true><<<blocks_for(warps, kWarps), 32 * kWarps>>>(a, q, k, v, n_tok, pos0, out);
+  else attention_kernel<false><<<blocks_for(warps, kWarps), 32 * kWarps>>>(a, q, k, v, n_tok, pos0, out);
+  return launched("attention");
+}
+
+Status cuda_glu(int kind, float alpha, float limit, float* g, const float* u, int64_t n) {
+  if (kind < 0 || kind > 2) return Error{"CUDA glu: unknown activation " + std::to_string(kind)};
+  if (n == 0) return {};
+  glu_kernel<<<blocks_for(n, 256), 256>>>(kind, alpha, limit, g, u, n);
+  return launched("glu");
+}
+
+Status cuda_add_rows(float* x, const float* b, int64_t n_rows, int64_t n) {
+  if (b == nullptr || n_rows * n == 0) return {};
+  add_rows_kernel<<<blocks_for(n_rows * n, 256), 256>>>(x, b, n_rows, n);
+  return launched("add_rows");
 }
 
 }  // namespace strata::gpu

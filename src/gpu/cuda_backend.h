@@ -1,0 +1,88 @@
+// The CUDA backend (issue #7): Backend's ops on device 0 with the kernels of gpu/cuda_kernels.h.
+// Plain C++ over that API, so every build has it; without the CUDA library or a device, create()
+// says why and the engine runs everything on the CPU.
+//
+// Dense weights (attention, norms, routers, dense and shared FFNs, the lm head) are copied to the
+// device the first time an op reads them, in the file's block layout (rows the loader interleaved
+// for the CPU kernels are put back), while they fit in `weight_budget`; a weight is known by its
+// host address and size, so the weights must outlive the backend (the model's do); a weight that does not
+// fit, or whose type has no CUDA kernel, is computed by the host (counted: stats()).
+// Activations are host rows: each op copies its inputs in and its outputs out, and attention
+// copies the layer's cache rows up to the newest key (model/backend.h says why; docs/gpu.md says
+// what comes next). A CUDA error is not fatal: it is logged once, and from then on every op runs
+// on the host, so the logits stay right.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <map>
+#include <utility>
+
+#include "model/backend.h"
+
+namespace strata {
+
+class CudaBackend final : public Backend {
+ public:
+  // Errors: a build without CUDA, no usable device.
+  static Result<std::unique_ptr<CudaBackend>> create(uint64_t weight_budget,
+                                                     cpu::MatmulPath path = cpu::MatmulPath::quantized);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  const char* name() const override { return "cuda"; }
+  const cpu::Matmul& host() const override { return mm_; }
+
+  void matmul(const Weight& w, const float* x, int64_t n_tok, float* y) const override;
+  void matmul_batch(std::span<const cpu::Matmul::MatmulOut> outs, const float* x, int64_t n_tok) const override;
+  void rms_norm_rows(const float* x, const Weight& w, int64_t n_tok, int64_t n, float eps, float* out) const override;
+  void rope(float* x, int64_t n_tok, int n_head, int head_dim, int64_t pos0, const cpu::RopeParams& p) const override;
+  void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const float* q, int64_t n_tok, int64_t pos0,
+                     float* out) const override;
+  void swiglu_ffn(const Weight& gate, const Weight& up, const Weight& down, const float* h, int64_t n_tok,
+                  const float* scale, bool accumulate, float* out, const SwigluOptions& opt = {}) const override;
+  void add(float* y, const float* x, int64_t n) const override { cpu::add(y, x, n); }
+
+  struct Stats {
+    uint64_t weight_bytes = 0;  // device copies of weights
+    int64_t weights = 0;
+    int64_t device_ops = 0, host_ops = 0;  // ops run on the device / left to the host
+    uint64_t h2d_bytes = 0, d2h_bytes = 0;
+    std::string error;  // the CUDA error that sent every op to the host (empty: none)
+  };
+  Stats stats() const;
+
+ private:
+  CudaBackend(uint64_t weight_budget, cpu::MatmulPath path) : mm_(path), budget_(weight_budget) {}
+  // The device copy of a weight's bytes (a 2D matrix or a vector), made on first use; null when it
+  // cannot be on the device (budget, type, a stack, an earlier error).
+  const uint8_t* device_weight(const Weight& w) const;
+  // Device scratch buffer `i`, grown to at least `bytes` (null after an error).
+  float* scratch(int i, size_t bytes) const;
+  // y = W x on device rows (dx, dy); false when W is not on the device or the kernel failed.
+  bool device_matmul(const Weight& w, const float* dx, int64_t n_tok, float* dy) const;
+  bool to_device(void* dst, const void* src, size_t bytes) const;
+  bool to_host(void* dst, const void* src, size_t bytes) const;
+  // Records the first error and turns the device off; false.
+  bool fail(const Status& s) const;
+  bool on() const { return error_.empty(); }
+
+  cpu::Matmul mm_;
+  uint64_t budget_;
+  mutable std::mutex mu_;  // one op at a time: ops share the scratch buffers
+  // device copies by (host address, bytes); null: stays on the host
+  mutable std::map<std::pair<const uint8_t*, size_t>, void*> weights_;
+  struct Buffer {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+  static constexpr int kScratch = 6;
+  mutable Buffer scratch_[kScratch];
+  mutable Stats stats_;
+  mutable std::string error_;
+};
+
+}  // namespace strata
