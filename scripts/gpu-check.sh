@@ -11,7 +11,7 @@
 # summary to copy into bench/RESULTS.md. Meant to finish within 10 minutes on a 16-core host.
 #
 # Usage: scripts/gpu-check.sh OUT_DIR
-#   BUILD_DIR (default build-gpu), MODEL (a GGUF to reuse), CUDA_ARCHS (default "86;89;90;120";
+#   BUILD_DIR (default build-gpu), MODEL (a GGUF to reuse), CUDA_ARCHS (default "80;86;89;90;120";
 #   sm_120 needs CUDA 12.8 or later)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +41,7 @@ else
 fi
 export PATH="$PATH:/usr/local/cuda/bin"
 
-archs=${CUDA_ARCHS:-86;89;90;120}
+archs=${CUDA_ARCHS:-80;86;89;90;120}
 step "build (CUDA architectures $archs)"
 bash scripts/setup.sh > "$out/setup.log" 2>&1
 if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA=ON \

@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "engine/speculative.h"
 #include "server/http_server.h"
 
 namespace strata::cli {
@@ -20,6 +21,7 @@ struct ServeOptions {
   std::optional<int> max_sequences;
   std::string template_name;
   std::string alias;
+  DraftOptions draft;
 };
 
 server::HttpServer* g_server = nullptr;
@@ -40,6 +42,10 @@ int run_serve(ServeOptions o) {
   if (o.host) o.common.sets.push_back("server.host=\"" + *o.host + "\"");
   if (o.port) o.common.sets.push_back("server.port=" + std::to_string(*o.port));
   if (o.max_sequences) o.common.sets.push_back("server.max_sequences=" + std::to_string(*o.max_sequences));
+  if (Status st = check_drafter_name(o.draft.drafter); !st) return fail(st.error().message);
+  if (o.draft.drafter == "mtp")
+    return fail("--draft mtp is not built for the server (its batched steps keep no hidden rows for the MTP layer); "
+                "use --draft ngram, or mtp with strata run");
   auto loaded = load_model(o.common, "strata serve");
   if (!loaded) return fail(loaded.error().message);
   const Config& c = loaded->config;
@@ -63,6 +69,8 @@ int run_serve(ServeOptions o) {
   so.max_queue = c.max_queue;
   so.ctx = int(context_limit(m, c, 4096));
   so.kv_type = c.kv_type;
+  so.drafter = o.draft.drafter;
+  so.max_draft = o.draft.max;
   server::Scheduler scheduler(m, *tok, so);
   server::HttpOptions ho;
   ho.host = c.host;
@@ -82,9 +90,10 @@ int run_serve(ServeOptions o) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   std::fprintf(stderr,
-               "strata serve: model '%s' (template %s) on http://%s:%d/v1: %d sequences of %d tokens, queue %d%s\n",
+               "strata serve: model '%s' (template %s) on http://%s:%d/v1: %d sequences of %d tokens, queue %d%s%s\n",
                id.c_str(), std::string(chat_format_name(format)).c_str(), ho.host.c_str(), *port, so.max_sequences,
-               so.ctx, so.max_queue, ho.api_key.empty() ? "" : ", API key required");
+               so.ctx, so.max_queue, ho.api_key.empty() ? "" : ", API key required",
+               so.drafter == "none" ? "" : strfmt(", drafts: %s up to %d", so.drafter.c_str(), so.max_draft).c_str());
   http.run();
   g_server = nullptr;
   g_scheduler = nullptr;
@@ -105,6 +114,7 @@ Runner add_serve_command(CLI::App& app) {
       ->check(CLI::Range(1, 256));
   sub->add_option("--template", o->template_name, "chat format instead of the GGUF's: qwen3, chatml, deepseek3, harmony, raw");
   sub->add_option("--alias", o->alias, "model id reported by /v1/models (default: the file name)");
+  add_draft_options(sub, o->draft);
   return [o] { return run_serve(*o); };
 }
 

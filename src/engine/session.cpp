@@ -114,7 +114,7 @@ void Session::release_hidden(int64_t pos) {
 }
 
 Result<std::vector<float>> Session::eval_batch(std::span<Session* const> sessions,
-                                              std::span<const std::vector<int32_t>> tokens) {
+                                              std::span<const std::vector<int32_t>> tokens, bool all_logits) {
   STRATA_CHECK(sessions.size() == tokens.size());
   if (sessions.empty()) return Error{"eval_batch: no sequences"};
   const Model& m = sessions[0]->model_;
@@ -131,8 +131,8 @@ Result<std::vector<float>> Session::eval_batch(std::span<Session* const> session
     seqs.push_back({&se.cache_, se.n_past_, n});
     all.insert(all.end(), tokens[s].begin(), tokens[s].end());
   }
-  std::vector<float> logits(sessions.size() * size_t(hp.n_vocab));
-  STRATA_TRY(run_forward(m, sessions[0]->backend(), seqs, all.data(), false, logits.data()));
+  std::vector<float> logits((all_logits ? all.size() : sessions.size()) * size_t(hp.n_vocab));
+  STRATA_TRY(run_forward(m, sessions[0]->backend(), seqs, all.data(), all_logits, logits.data()));
   for (size_t s = 0; s < sessions.size(); ++s) sessions[s]->n_past_ += int64_t(tokens[s].size());
   gpu_step(m, sessions);
   return logits;

@@ -29,10 +29,11 @@ class Session {
   Result<std::vector<float>> eval(std::span<const int32_t> tokens, bool all_logits = false);
   // One forward pass over several sequences (continuous batching): tokens[s] are evaluated in
   // sessions[s] (distinct sessions of one model and path), every weight read once for all of
-  // them. Returns the logits of the last token of each sequence ([n][n_vocab]). Errors as eval,
-  // and then no session advances.
+  // them. Returns the logits of the last token of each sequence ([n][n_vocab]), or with
+  // all_logits those of every token, sequence after sequence (speculative verification in the
+  // server). Errors as eval, and then no session advances.
   static Result<std::vector<float>> eval_batch(std::span<Session* const> sessions,
-                                               std::span<const std::vector<int32_t>> tokens);
+                                               std::span<const std::vector<int32_t>> tokens, bool all_logits = false);
 
   int64_t n_past() const { return n_past_; }
   int n_ctx() const { return cache_.n_ctx; }

@@ -88,10 +88,7 @@ float* CudaBackend::scratch(int i, size_t bytes) const {
     gpu::device_free(b.p);
     b = {};
     auto p = gpu::device_alloc(want);
-    if (!p) {
-      fail(p.error());
-      return nullptr;
-    }
+    if (!p) return nullptr;  // out of device memory: this op runs on the host, the next one tries again
     b = {*p, want};
   }
   return static_cast<float*>(b.p);
@@ -108,8 +105,8 @@ const uint8_t* CudaBackend::device_weight(const Weight& w) const {
     return nullptr;
   }
   auto dev = gpu::device_alloc(bytes);
-  if (!dev) {
-    fail(dev.error());
+  if (!dev) {  // out of device memory: this weight stays on the host
+    weights_[key] = nullptr;
     return nullptr;
   }
   bool ok = true;
@@ -142,6 +139,7 @@ void CudaBackend::matmul(const Weight& w, const float* x, int64_t n_tok, float* 
 }
 
 void CudaBackend::matmul_batch(std::span<const cpu::Matmul::MatmulOut> outs, const float* x, int64_t n_tok) const {
+  if (outs.empty()) return;
   std::lock_guard lock(mu_);
   const int64_t n_in = outs[0].w->n_in;
   float* dx = scratch(0, size_t(n_tok * n_in) * sizeof(float));
@@ -166,13 +164,15 @@ void CudaBackend::rms_norm_rows(const float* x, const Weight& w, int64_t n_tok, 
   const size_t bytes = size_t(n_tok * n) * sizeof(float);
   const uint8_t* dw = w ? device_weight(w) : nullptr;
   float* dx = (!w || dw != nullptr) ? scratch(0, bytes) : nullptr;
+  std::vector<float> keep;  // in place (x == out): a failed copy back part way needs x again
+  if (dx != nullptr && x == out) keep.assign(x, x + n_tok * n);
   if (dx != nullptr && to_device(dx, x, bytes) &&
       fail(gpu::cuda_rms_norm(dx, reinterpret_cast<const float*>(dw), n_tok, n, eps, dx)) && to_host(out, dx, bytes)) {
     ++stats_.device_ops;
     return;
   }
   ++stats_.host_ops;
-  strata::rms_norm_rows(x, w, n_tok, n, eps, out);
+  strata::rms_norm_rows(keep.empty() ? x : keep.data(), w, n_tok, n, eps, out);
 }
 
 void CudaBackend::rope(float* x, int64_t n_tok, int n_head, int head_dim, int64_t pos0,
@@ -206,8 +206,8 @@ void CudaBackend::attention_gqa(const AttentionParams& p, KvCache& cache, int la
   auto* dout = scratch(1, o_bytes);
   auto* dk = reinterpret_cast<uint8_t*>(scratch(2, k_head * size_t(HKV)));
   auto* dv = reinterpret_cast<uint8_t*>(scratch(3, v_head * size_t(HKV)));
-  bool ok = dq != nullptr && dout != nullptr && dk != nullptr && dv != nullptr && (p.sinks == nullptr || sinks != nullptr) &&
-            to_device(dq, q, q_bytes);
+  bool ok = p.head_dim_v <= kMaxHeadDimV && dq != nullptr && dout != nullptr && dk != nullptr && dv != nullptr &&
+            (p.sinks == nullptr || sinks != nullptr) && to_device(dq, q, q_bytes);
   for (int hk = 0; ok && hk < HKV; ++hk) {
     const void* k_src = half ? static_cast<const void*>(cache.k_block16(layer, hk, 0)) : cache.k_block(layer, hk, 0);
     const void* v_src = half ? static_cast<const void*>(cache.v_head16(layer, hk)) : cache.v_head(layer, hk);

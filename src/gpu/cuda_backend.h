@@ -4,13 +4,14 @@
 //
 // Dense weights (attention, norms, routers, dense and shared FFNs, the lm head) are copied to the
 // device the first time an op reads them, in the file's block layout (rows the loader interleaved
-// for the CPU kernels are put back), while they fit in `weight_budget`; a weight is known by its
-// host address and size, so the weights must outlive the backend (the model's do); a weight that does not
-// fit, or whose type has no CUDA kernel, is computed by the host (counted: stats()).
+// for the CPU kernels are put back), while they fit in `weight_budget` (scratch and the attention
+// copies come on top). A weight is known by its host address and size, so the weights must
+// outlive the backend (the model's do). A weight that does not fit, or whose type has no CUDA
+// kernel, is computed by the host (counted: stats()).
 // Activations are host rows: each op copies its inputs in and its outputs out, and attention
 // copies the layer's cache rows up to the newest key (model/backend.h says why; docs/gpu.md says
-// what comes next). A CUDA error is not fatal: it is logged once, and from then on every op runs
-// on the host, so the logits stay right.
+// what comes next). Running out of device memory sends that op (or weight) to the host; any other
+// CUDA error is logged once, and from then on every op runs on the host, so the logits stay right.
 #pragma once
 
 #include <cstdint>
@@ -79,7 +80,8 @@ class CudaBackend final : public Backend {
     void* p = nullptr;
     size_t bytes = 0;
   };
-  static constexpr int kScratch = 6;
+  static constexpr int kScratch = 4;
+  static constexpr int kMaxHeadDimV = 512;  // the attention kernel's (cuda_kernels.cu kMaxDv)
   mutable Buffer scratch_[kScratch];
   mutable Stats stats_;
   mutable std::string error_;

@@ -330,6 +330,8 @@ void HttpServer::routes() {
     metric("strata_prompt_tokens_total", "counter", "prompt tokens evaluated", double(m.prompt_tokens_total));
     metric("strata_completion_tokens_total", "counter", "tokens generated", double(m.completion_tokens_total));
     metric("strata_steps_total", "counter", "batched forward passes", double(m.steps_total));
+    metric("strata_draft_tokens_total", "counter", "tokens drafted for speculative verification", double(m.draft_tokens_total));
+    metric("strata_draft_accepted_total", "counter", "drafted tokens accepted", double(m.draft_accepted_total));
     metric("strata_busy_seconds_total", "counter", "seconds spent in forward passes", m.busy_seconds);
     metric("strata_tokens_per_second", "gauge", "tokens generated per second over the last 10 s", m.tokens_per_second);
     metric("strata_sequences_active", "gauge", "sequences being decoded", double(m.active));

@@ -1,8 +1,11 @@
 #include "server/scheduler.h"
 
+#include <algorithm>
 #include <chrono>
 
+#include "cpu/kernels.h"
 #include "engine/session.h"
+#include "engine/speculative.h"
 #include "engine/text_stream.h"
 
 namespace strata::server {
@@ -51,8 +54,10 @@ struct Scheduler::Slot {
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<TextStream> stream;
   std::vector<TokenId> history;
-  std::vector<TokenId> step;  // tokens of the next forward pass
+  std::vector<TokenId> step;  // tokens of the next forward pass: the pending token, then drafts
   int generated = 0;
+  std::unique_ptr<Drafter> drafter;  // per job (null: none)
+  std::unique_ptr<DraftController> control;
 };
 
 namespace {
@@ -64,6 +69,7 @@ double now_s() {
 Scheduler::Scheduler(const Model& model, const Tokenizer& tok, SchedulerOptions o)
     : model_(model), tok_(tok), o_(o) {
   STRATA_CHECK(o_.max_sequences >= 1 && o_.max_queue >= 0 && o_.ctx >= 2);
+  STRATA_CHECK(o_.drafter == "none" || o_.drafter == "ngram", "the server drafts with none or ngram");
   for (int i = 0; i < o_.max_sequences; ++i) slots_.push_back(std::make_unique<Slot>());
   thread_ = std::thread([this] { loop(); });
 }
@@ -167,6 +173,12 @@ void Scheduler::loop() {
         s.history.clear();
         s.step = r.prompt;
         s.generated = 0;
+        s.drafter.reset();
+        s.control.reset();
+        if (o_.drafter == "ngram" && o_.max_draft > 0) {
+          s.drafter = std::make_unique<NgramDrafter>();
+          s.control = std::make_unique<DraftController>(o_.max_draft, o_.adaptive_draft);
+        }
         std::lock_guard<std::mutex> lock(mu_);
         m_.prompt_tokens_total += int64_t(r.prompt.size());
       }
@@ -174,41 +186,103 @@ void Scheduler::loop() {
     }
     if (running.empty()) continue;
 
+    // Drafts join a step only when every sequence in it is decoding (a prompt would make every
+    // row's logits a prompt's worth), and only up to cpu::kBatchInvariantTokens tokens in all, so
+    // each sequence's rows are computed as in plain decoding and greedy output is unchanged.
+    bool drafting = false;
+    if (o_.drafter != "none" &&
+        std::all_of(running.begin(), running.end(), [](const Slot* s) { return s->step.size() == 1; })) {
+      int budget = int(cpu::kBatchInvariantTokens) - int(running.size());
+      const size_t first = size_t(m_.steps_total) % running.size();  // who drafts first rotates
+      for (size_t j = 0; j < running.size() && budget > 0; ++j) {
+        Slot& s = *running[(first + j) % running.size()];
+        const CompletionRequest& r = s.job->request;
+        const int room = int(std::min<int64_t>({o_.ctx - s.session->n_past() - 1, int64_t(r.max_tokens - s.generated - 1),
+                                                int64_t(budget)}));
+        const int k = s.control->choose(room);
+        if (k <= 0) continue;
+        s.history.push_back(s.step[0]);  // the drafter sees the pending token last
+        std::vector<TokenId> drafts = s.drafter->draft(s.history, k);
+        s.history.pop_back();
+        if (drafts.size() > size_t(k)) drafts.resize(size_t(k));
+        s.step.insert(s.step.end(), drafts.begin(), drafts.end());
+        budget -= int(drafts.size());
+        drafting = drafting || !drafts.empty();
+      }
+    }
     sessions.clear();
     steps.clear();
+    std::vector<int64_t> pos0;
     for (Slot* s : running) {
       sessions.push_back(s->session.get());
       steps.push_back(s->step);
+      pos0.push_back(s->session->n_past());
+      if (s->step.size() > 1 && drafting) s->session->begin_speculation();
     }
     const double t0 = now_s();
-    auto logits = Session::eval_batch(sessions, steps);
+    auto logits = Session::eval_batch(sessions, steps, drafting);
     const double t1 = now_s();
     const size_t V = size_t(model_.hparams().n_vocab);
+    size_t row = 0;  // the slot's first row of logits
     for (size_t i = 0; i < running.size(); ++i) {
       Slot& s = *running[i];
       const CompletionRequest& r = s.job->request;
       std::string finish;
       std::string error;
+      // Takes a sampled token as output, `n_past` the position count plain decoding would have
+      // after evaluating its predecessor; true when the sequence ends with it.
+      auto emit = [&](TokenId t, int64_t n_past) {
+        if (!r.ignore_eos && tok_.is_eog(t)) {
+          finish = "stop";
+          return true;
+        }
+        ++s.generated;
+        {
+          std::lock_guard<std::mutex> lock(mu_);  // counted before the job can finish
+          ++m_.completion_tokens_total;
+        }
+        s.job->push(s.stream->push(tok_.token_to_piece(t, false)));
+        if (s.stream->stopped()) finish = "stop";
+        else if (s.generated >= r.max_tokens || n_past + 1 >= o_.ctx) finish = "length";
+        return !finish.empty();
+      };
+      const int n_draft = int(s.step.size()) - 1;
       if (!logits) {
         finish = "error";
         error = logits.error().message;
-      } else {
+      } else if (!drafting) {
         s.history.insert(s.history.end(), s.step.begin(), s.step.end());
         const TokenId next = s.sampler->sample(std::span<const float>(logits->data() + i * V, V), s.history);
-        if (!r.ignore_eos && tok_.is_eog(next)) {
-          finish = "stop";
-        } else {
-          ++s.generated;
-          {
-            std::lock_guard<std::mutex> lock(mu_);  // counted before the job can finish
-            ++m_.completion_tokens_total;
+        if (!emit(next, s.session->n_past())) s.step.assign(1, next);
+      } else {
+        // row j follows the pending token and drafts 0 .. j-1: verify in order, keep what agrees
+        s.history.push_back(s.step[0]);
+        auto row_at = [&](int j) { return std::span<const float>(logits->data() + (row + size_t(j)) * V, V); };
+        int accepted = 0;
+        TokenId next = 0;
+        bool rejected = false;
+        for (; accepted < n_draft; ++accepted) {
+          bool ok = false;
+          next = s.sampler->verify(row_at(accepted), s.history, s.step[size_t(1 + accepted)], ok);
+          if (!ok) {
+            rejected = true;
+            break;
           }
-          s.job->push(s.stream->push(tok_.token_to_piece(next, false)));
-          if (s.stream->stopped()) finish = "stop";
-          else if (s.generated >= r.max_tokens || s.session->n_past() + 1 >= o_.ctx) finish = "length";
-          s.step.assign(1, next);
+          s.history.push_back(next);
         }
+        if (!rejected) next = s.sampler->sample(row_at(n_draft), s.history);
+        if (n_draft > 0) {
+          s.session->rewind(pos0[i] + 1 + accepted);
+          s.control->record(n_draft, accepted, t1 - t0);
+          std::lock_guard<std::mutex> lock(mu_);
+          m_.draft_tokens_total += n_draft;
+          m_.draft_accepted_total += accepted;
+        }
+        bool ended = false;
+        for (int j = 0; j < accepted && !ended; ++j) ended = emit(s.step[size_t(1 + j)], pos0[i] + 1 + j);
+        if (!ended && !emit(next, pos0[i] + 1 + accepted)) s.step.assign(1, next);
       }
+      row += drafting ? steps[i].size() : 1;
       if (!finish.empty()) {
         s.job->push(s.stream->flush());
         std::shared_ptr<Job> job;

@@ -2,7 +2,8 @@
 // Session each), and every step evaluates all active slots in one forward pass
 // (Session::eval_batch: each expert's weights read once for every sequence routed to it). A new
 // request's prompt is evaluated in the step it joins, beside the others' decodes; a finished or
-// cancelled sequence leaves between steps and its slot is reused.
+// cancelled sequence leaves between steps and its slot is reused. With a drafter, a decoding
+// sequence adds its drafts to its step and keeps what its own verification accepts.
 #pragma once
 
 #include <atomic>
@@ -70,12 +71,18 @@ struct SchedulerOptions {
   int max_queue = 16;     // requests waiting for a slot before new ones are refused
   int ctx = 4096;         // context of each slot
   KvType kv_type = KvType::f16;
+  // Speculative decoding (docs/speculative.md): "none" or "ngram" (prompt lookup); the number of
+  // drafts adapts per sequence, up to max_draft.
+  std::string drafter = "none";
+  int max_draft = 8;
+  bool adaptive_draft = true;  // false: draft max_draft whenever there is room (tests)
 };
 
 struct SchedulerMetrics {
   int64_t requests_total = 0, requests_rejected = 0, requests_cancelled = 0;
   int64_t prompt_tokens_total = 0, completion_tokens_total = 0;
   int64_t steps_total = 0;
+  int64_t draft_tokens_total = 0, draft_accepted_total = 0;  // speculative decoding
   int active = 0, queued = 0;
   double tokens_per_second = 0;  // completion tokens over the last few seconds
   double busy_seconds = 0;        // time spent in forward passes
