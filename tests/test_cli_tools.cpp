@@ -118,5 +118,15 @@ TEST(CliTools, InfoHwAndNumaStandIns) {
   EXPECT_NE(out.find("synthetic description"), std::string::npos) << out;
 }
 
+// serve's drafter flags are checked before it listens: an unknown name, and MTP on a model
+// without an MTP layer (the bundled one), are errors that say so.
+TEST(CliTools, ServeDraftErrors) {
+  std::string out;
+  EXPECT_NE(test::run_cli("serve --port 0 --draft bogus", &out), 0);
+  EXPECT_NE(out.find("unknown drafter \"bogus\""), std::string::npos) << out;
+  EXPECT_NE(test::run_cli("serve --port 0 --draft mtp", &out), 0);
+  EXPECT_NE(out.find("--draft mtp: the model has no multi-token-prediction"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace strata

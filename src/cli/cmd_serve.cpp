@@ -43,9 +43,6 @@ int run_serve(ServeOptions o) {
   if (o.port) o.common.sets.push_back("server.port=" + std::to_string(*o.port));
   if (o.max_sequences) o.common.sets.push_back("server.max_sequences=" + std::to_string(*o.max_sequences));
   if (Status st = check_drafter_name(o.draft.drafter); !st) return fail(st.error().message);
-  if (o.draft.drafter == "mtp")
-    return fail("--draft mtp is not built for the server (its batched steps keep no hidden rows for the MTP layer); "
-                "use --draft ngram, or mtp with strata run");
   auto loaded = load_model(o.common, "strata serve");
   if (!loaded) return fail(loaded.error().message);
   const Config& c = loaded->config;
@@ -69,6 +66,7 @@ int run_serve(ServeOptions o) {
   so.max_queue = c.max_queue;
   so.ctx = int(context_limit(m, c, 4096));
   so.kv_type = c.kv_type;
+  if (o.draft.drafter == "mtp" && m.mtp == nullptr) return fail("--draft mtp: " + m.mtp_error);
   so.drafter = o.draft.drafter;
   so.max_draft = o.draft.max;
   server::Scheduler scheduler(m, *tok, so);

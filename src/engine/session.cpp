@@ -76,21 +76,23 @@ Result<std::vector<float>> Session::eval(std::span<const int32_t> tokens, bool a
   std::vector<float> hidden(keep_hidden_ ? size_t(n * hp.n_embd) : 0);
   STRATA_TRY(run_forward(model_, backend(), std::span<const SeqSpan>(&seq, 1), tokens.data(), all_logits, logits.data(),
                          keep_hidden_ ? hidden.data() : nullptr));
-  if (keep_hidden_) {
-    // rows of forgotten positions (a rewind) go; a gap (a truncation below the kept rows) restarts
-    const size_t E = size_t(hp.n_embd);
-    const int64_t rows = int64_t(hidden_.size() / E);
-    if (n_past_ < hidden_pos0_ || n_past_ > hidden_pos0_ + rows) {
-      hidden_.clear();
-      hidden_pos0_ = n_past_;
-    }
-    hidden_.resize(size_t(n_past_ - hidden_pos0_) * E);
-    hidden_.insert(hidden_.end(), hidden.begin(), hidden.end());
-  }
+  if (keep_hidden_) keep_rows(hidden.data(), n);
   n_past_ += n;
   Session* self = this;
   gpu_step(model_, std::span<Session* const>(&self, 1));
   return logits;
+}
+
+void Session::keep_rows(const float* rows, int64_t n) {
+  // rows of forgotten positions (a rewind) go; a gap (a truncation below the kept rows) restarts
+  const size_t E = size_t(model_.hparams().n_embd);
+  const int64_t kept = int64_t(hidden_.size() / E);
+  if (n_past_ < hidden_pos0_ || n_past_ > hidden_pos0_ + kept) {
+    hidden_.clear();
+    hidden_pos0_ = n_past_;
+  }
+  hidden_.resize(size_t(n_past_ - hidden_pos0_) * E);
+  hidden_.insert(hidden_.end(), rows, rows + size_t(n) * E);
 }
 
 void Session::keep_hidden(bool on) {
@@ -132,8 +134,15 @@ Result<std::vector<float>> Session::eval_batch(std::span<Session* const> session
     all.insert(all.end(), tokens[s].begin(), tokens[s].end());
   }
   std::vector<float> logits((all_logits ? all.size() : sessions.size()) * size_t(hp.n_vocab));
-  STRATA_TRY(run_forward(m, sessions[0]->backend(), seqs, all.data(), all_logits, logits.data()));
-  for (size_t s = 0; s < sessions.size(); ++s) sessions[s]->n_past_ += int64_t(tokens[s].size());
+  // the last layer's rows, where a session keeps them (an MTP drafter's)
+  const bool hidden = std::any_of(sessions.begin(), sessions.end(), [](const Session* se) { return se->keep_hidden_; });
+  std::vector<float> rows(hidden ? all.size() * size_t(hp.n_embd) : 0);
+  STRATA_TRY(run_forward(m, sessions[0]->backend(), seqs, all.data(), all_logits, logits.data(),
+                         hidden ? rows.data() : nullptr));
+  for (size_t s = 0, t = 0; s < sessions.size(); t += tokens[s].size(), ++s) {
+    if (sessions[s]->keep_hidden_) sessions[s]->keep_rows(rows.data() + t * size_t(hp.n_embd), int64_t(tokens[s].size()));
+    sessions[s]->n_past_ += int64_t(tokens[s].size());
+  }
   gpu_step(m, sessions);
   return logits;
 }

@@ -78,6 +78,8 @@ class Session {
  private:
   // The errors of eval: no tokens, an id outside the vocabulary, a full context.
   Status check(std::span<const int32_t> tokens) const;
+  // keep_hidden: appends the rows [n][n_embd] of the n positions from n_past_ on.
+  void keep_rows(const float* rows, int64_t n);
   const Model& model_;
   CpuBackend backend_;
   KvCache cache_;

@@ -69,7 +69,8 @@ double now_s() {
 Scheduler::Scheduler(const Model& model, const Tokenizer& tok, SchedulerOptions o)
     : model_(model), tok_(tok), o_(o) {
   STRATA_CHECK(o_.max_sequences >= 1 && o_.max_queue >= 0 && o_.ctx >= 2);
-  STRATA_CHECK(o_.drafter == "none" || o_.drafter == "ngram", "the server drafts with none or ngram");
+  STRATA_CHECK(o_.drafter == "none" || o_.drafter == "ngram" || (o_.drafter == "mtp" && model.mtp != nullptr),
+               "the server drafts with none, ngram, or mtp where the model has an MTP layer");
   for (int i = 0; i < o_.max_sequences; ++i) slots_.push_back(std::make_unique<Slot>());
   thread_ = std::thread([this] { loop(); });
 }
@@ -175,9 +176,15 @@ void Scheduler::loop() {
         s.generated = 0;
         s.drafter.reset();
         s.control.reset();
-        if (o_.drafter == "ngram" && o_.max_draft > 0) {
-          s.drafter = std::make_unique<NgramDrafter>();
-          s.control = std::make_unique<DraftController>(o_.max_draft, o_.adaptive_draft);
+        if (o_.drafter != "none" && o_.max_draft > 0) {
+          // before the prompt: the MTP drafter has the session keep its hidden rows from there
+          auto d = make_drafter(o_.drafter, s.session.get());
+          STRATA_CHECK(d.ok(), "the drafter was checked when the scheduler was made");
+          s.drafter = std::move(*d);
+          // the MTP drafter's layer runs per sequence: a step's drafts at most what its rings
+          // rewind (deepseek4 has none)
+          s.control = std::make_unique<DraftController>(std::min(o_.max_draft, s.session->max_speculation() - 1),
+                                                        o_.adaptive_draft);
         }
         std::lock_guard<std::mutex> lock(mu_);
         m_.prompt_tokens_total += int64_t(r.prompt.size());

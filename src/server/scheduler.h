@@ -71,8 +71,9 @@ struct SchedulerOptions {
   int max_queue = 16;     // requests waiting for a slot before new ones are refused
   int ctx = 4096;         // context of each slot
   KvType kv_type = KvType::f16;
-  // Speculative decoding (docs/speculative.md): "none" or "ngram" (prompt lookup); the number of
-  // drafts adapts per sequence, up to max_draft.
+  // Speculative decoding (docs/speculative.md): "none", "ngram" (prompt lookup) or "mtp" (the
+  // model's multi-token-prediction layer; the model must have one); the number of drafts adapts
+  // per sequence, up to max_draft.
   std::string drafter = "none";
   int max_draft = 8;
   bool adaptive_draft = true;  // false: draft max_draft whenever there is room (tests)
