@@ -448,6 +448,51 @@ TEST(SimdDot, RandomRowsWithinFloatRounding) {
   });
 }
 
+// The several-token dot products (KernelTable::vec_dot_tokens, a speculative verification
+// step): every token's result bit-identical to vec_dot on that token alone, for 1..12 tokens, and
+// through gemm_tile.
+TEST(SimdDot, SeveralTokensBitIdenticalToOne) {
+  SEED_TRACE();
+  Rng rng(109);
+  int checked = 0;
+  for_each_isa([&](const KernelTable& k) {
+    for (GgmlType type : {GgmlType::q4_k, GgmlType::q6_k}) {
+      const cpu::VecDotTokensFn dots = k.vec_dot_tokens[size_t(type)];
+      if (dots == nullptr) continue;
+      SCOPED_TRACE(std::string(isa_name(k.isa)) + " " + std::string(ggml_type_name(type)));
+      const GgmlType act = quant_traits(type).vec_dot_type;
+      const int64_t n = 1024, rows = 3;
+      std::vector<uint8_t> w;
+      for (int64_t r = 0; r < rows; ++r) {
+        const std::vector<uint8_t> row = random_weight_row(rng, type, n);
+        w.insert(w.end(), row.begin(), row.end());
+      }
+      const size_t w_stride = w.size() / size_t(rows);
+      for (int64_t n_tok = 1; n_tok <= cpu::kBatchInvariantTokens; ++n_tok) {
+        std::vector<uint8_t> a;
+        for (int64_t t = 0; t < n_tok; ++t) {
+          const std::vector<uint8_t> at = quantize_reference(act, rng.activations(n));
+          a.insert(a.end(), at.begin(), at.end());
+        }
+        const size_t a_stride = a.size() / size_t(n_tok);
+        std::vector<float> got(static_cast<size_t>(n_tok)), tile(static_cast<size_t>(n_tok * rows));
+        dots(n, w.data(), a.data(), a_stride, n_tok, got.data(), 1);
+        k.gemm_tile(type, n, w.data(), w_stride, rows, a.data(), a_stride, n_tok, tile.data(), rows);
+        for (int64_t t = 0; t < n_tok; ++t) {
+          const float one = k.vec_dot[size_t(type)](n, w.data(), a.data() + size_t(t) * a_stride);
+          EXPECT_EQ(got[size_t(t)], one) << n_tok << " tokens, token " << t;
+          for (int64_t r = 0; r < rows; ++r)
+            EXPECT_EQ(tile[size_t(t * rows + r)],
+                      k.vec_dot[size_t(type)](n, w.data() + size_t(r) * w_stride, a.data() + size_t(t) * a_stride))
+                << "gemm_tile, " << n_tok << " tokens, token " << t << " row " << r;
+        }
+        ++checked;
+      }
+    }
+  });
+  if (checked == 0) GTEST_SKIP() << "no ISA here has several-token dot products (AVX2 only; AVX-512 fuses interleaved rows)";
+}
+
 // Largest quants and sub-block scales against activations at +-127 (same sign, then alternating):
 // the widest intermediate sums the kernels can meet.
 TEST(SimdDot, ExtremeQuantsWithinFloatRounding) {

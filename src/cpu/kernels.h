@@ -48,6 +48,9 @@ inline constexpr int64_t kBatchInvariantTokens = 12;
 // and n_tok may be any positive counts (ragged tails included).
 using GemmFn = void (*)(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a,
                         size_t a_stride, int64_t n_tok, float* y, int64_t ldy);
+// y[t * ldy] = vec_dot(n, w, a + t * a_stride) for t < n_tok: one weight row, several tokens.
+using VecDotTokensFn = void (*)(int64_t n, const void* w, const void* a, size_t a_stride, int64_t n_tok, float* y,
+                                int64_t ldy);
 
 // Float matrix product: C[m * ldc + n] (+)= sum_k A[m * lda + k] * B[k * ldb + n] for m < M,
 // n < N (accumulate: add to C; else overwrite it). Row-major A [M][K], B [K][N], C [M][N]; any
@@ -84,6 +87,10 @@ struct KernelTable {
   // is 16 w_stride bytes). Null where the ISA has none; weights of that type then stay in the file
   // layout.
   std::array<GemmFn, kKernelTypeCount> gemm_interleaved{};
+  // vec_dot_tokens[weight type]: one weight row against 2..kBatchInvariantTokens activation rows,
+  // the row unpacked once, each result bit-identical to vec_dot's for that row alone. Null where
+  // the ISA has none (gemm_tile then calls vec_dot per token).
+  std::array<VecDotTokensFn, kKernelTypeCount> vec_dot_tokens{};
   SgemmFn sgemm = nullptr;  // never null
   ExpSumFn exp_sum = nullptr;  // never null
   SiluMulFn silu_mul = nullptr;  // never null
@@ -122,6 +129,8 @@ namespace detail {
 // src/cpu/avx512; called only when the CPU supports the ISA). Plain arrays of kKernelTypeCount
 // entries, indexed by type id, so that those translation units instantiate no shared template.
 void add_avx2_kernels(VecDotFn* vec_dot, QuantizeRowFn* quantize_row);
+// The several-token dot products of vec_dot_avx2.cpp (KernelTable::vec_dot_tokens).
+void add_avx2_vec_dot_tokens(VecDotTokensFn* vec_dot_tokens);
 void add_avx512_kernels(VecDotFn* vec_dot, QuantizeRowFn* quantize_row);
 // The F16 / BF16 weight dot products (vec_dot_float_avx2.cpp, vec_dot_float_avx512.cpp), added
 // by add_avx2_kernels / add_avx512_kernels.

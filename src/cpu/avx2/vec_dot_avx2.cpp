@@ -15,6 +15,8 @@
 // template of the shared headers is used here (see simd_common.h).
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -326,6 +328,123 @@ float vec_dot_q6_K_q8_K(int64_t n, const void* vw, const void* va) {
   return hsum(acc);
 }
 
+// ---- Q4_K / Q6_K x Q8_K for several tokens (a speculative verification step) ----
+// Each super-block's quants are unpacked once for up to 4 tokens; every token's sums run exactly
+// as in vec_dot_q4_K_q8_K / vec_dot_q6_K_q8_K (integer sums exact; the same float accumulators
+// fed in the same order), so each result is bit-identical to that token's one-token dot.
+
+template <int T>
+void q4_K_tokens(int64_t nb, const block_q4_K* w, const uint8_t* a, size_t a_stride, float* y, int64_t ldy) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const block_q8_K* at[T];
+  __m256 acc[T], acc_m[T];
+  for (int t = 0; t < T; ++t) {
+    at[t] = reinterpret_cast<const block_q8_K*>(a + size_t(t) * a_stride);
+    acc[t] = acc_m[t] = _mm256_setzero_ps();
+  }
+  for (int64_t i = 0; i < nb; ++i) {
+    const __m128i scales_mins = unpack_scales_mins_k4(w[i].scales);
+    const __m128i sc128 = _mm_cvtepu8_epi16(scales_mins);
+    const __m256i scales = _mm256_set_m128i(sc128, sc128);
+    __m256i sumi[T];
+    for (int t = 0; t < T; ++t) sumi[t] = _mm256_setzero_si256();
+    for (int h = 0; h < QK_K / 64; ++h) {
+      const __m256i q = load32(w[i].qs + 32 * h);
+      const __m256i lo = _mm256_and_si256(q, m4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      const __m256i s_lo = broadcast_scale(scales, 2 * h), s_hi = broadcast_scale(scales, 2 * h + 1);
+      for (int t = 0; t < T; ++t) {
+        const __m256i plo = _mm256_maddubs_epi16(lo, load32(at[t][i].qs + 64 * h));
+        const __m256i phi = _mm256_maddubs_epi16(hi, load32(at[t][i].qs + 64 * h + 32));
+        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(s_lo, plo));
+        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(s_hi, phi));
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      const __m128 dm = two_halves_times(&w[i].d, at[t][i].d);  // [d, dmin] * d_a
+      acc_m[t] = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)),
+                                  _mm256_cvtepi32_ps(mins_dot_bsums(scales_mins, at[t][i].bsums)), acc_m[t]);
+      acc[t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) y[t * ldy] = hsum(_mm256_add_ps(acc[t], acc_m[t]));
+}
+
+template <int T>
+void q6_K_tokens(int64_t nb, const block_q6_K* w, const uint8_t* a, size_t a_stride, float* y, int64_t ldy) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m30 = _mm256_set1_epi8(0x30);
+  const block_q8_K* at[T];
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) {
+    at[t] = reinterpret_cast<const block_q8_K*>(a + size_t(t) * a_stride);
+    acc[t] = _mm256_setzero_ps();
+  }
+  for (int64_t i = 0; i < nb; ++i) {
+    const __m128i scales = load16(w[i].scales);
+    __m256i sumi[T];
+    for (int t = 0; t < T; ++t) sumi[t] = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i ql0 = load32(w[i].ql + 64 * h);
+      const __m256i ql1 = load32(w[i].ql + 64 * h + 32);
+      const __m256i qh = load32(w[i].qh + 32 * h);
+      __m256i q[4];
+      q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+      q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30));
+      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                             _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+      for (int k = 0; k < 4; ++k) {
+        const int s = 8 * h + 2 * k;
+        const __m256i sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+            scales, _mm_set_epi64x(0x0101010101010101ll * (s + 1), 0x0101010101010101ll * s)));
+        for (int t = 0; t < T; ++t) {
+          const __m256i p = _mm256_maddubs_epi16(q[k], load32(at[t][i].qs + 128 * h + 32 * k));
+          sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(sc, p));
+        }
+      }
+    }
+    const __m256i sc16 = _mm256_cvtepi8_epi16(scales);
+    for (int t = 0; t < T; ++t) {
+      const float d = at[t][i].d * half_to_float(w[i].d);
+      const __m256i offset = _mm256_madd_epi16(sc16, load32(at[t][i].bsums));
+      sumi[t] = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(offset, 5));
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) y[t * ldy] = hsum(acc[t]);
+}
+
+// The VecDotTokensFn of a format: tokens in blocks of up to 4.
+template <class Block, template <int> class Kernel>
+void dot_tokens(int64_t n, const void* vw, const void* va, size_t a_stride, int64_t n_tok, float* y, int64_t ldy) {
+  const auto* w = static_cast<const Block*>(vw);
+  const auto* a = static_cast<const uint8_t*>(va);
+  const int64_t nb = n / QK_K;
+  for (int64_t t0 = 0; t0 < n_tok; t0 += 4) {
+    const uint8_t* at = a + size_t(t0) * a_stride;
+    float* yt = y + t0 * ldy;
+    switch (std::min<int64_t>(4, n_tok - t0)) {
+      case 4: Kernel<4>::run(nb, w, at, a_stride, yt, ldy); break;
+      case 3: Kernel<3>::run(nb, w, at, a_stride, yt, ldy); break;
+      case 2: Kernel<2>::run(nb, w, at, a_stride, yt, ldy); break;
+      default: Kernel<1>::run(nb, w, at, a_stride, yt, ldy); break;
+    }
+  }
+}
+template <int T>
+struct Q4KTokens {
+  static void run(int64_t nb, const block_q4_K* w, const uint8_t* a, size_t s, float* y, int64_t ldy) {
+    q4_K_tokens<T>(nb, w, a, s, y, ldy);
+  }
+};
+template <int T>
+struct Q6KTokens {
+  static void run(int64_t nb, const block_q6_K* w, const uint8_t* a, size_t s, float* y, int64_t ldy) {
+    q6_K_tokens<T>(nb, w, a, s, y, ldy);
+  }
+};
+
 // ---- activation quantizers, bit-identical to the references for finite input ----
 
 // Q8_K (quantize_row_q8_K of quant_ref.h): max = first element of largest magnitude,
@@ -424,6 +543,11 @@ void quantize_row_q8_0(const float* x, void* vy, int64_t n) {
 }  // namespace
 
 namespace detail {
+
+void add_avx2_vec_dot_tokens(VecDotTokensFn* vec_dot_tokens) {
+  vec_dot_tokens[size_t(GgmlType::q4_k)] = dot_tokens<block_q4_K, Q4KTokens>;
+  vec_dot_tokens[size_t(GgmlType::q6_k)] = dot_tokens<block_q6_K, Q6KTokens>;
+}
 
 void add_avx2_kernels(VecDotFn* vec_dot, QuantizeRowFn* quantize_row) {
   add_avx2_float_kernels(vec_dot);
