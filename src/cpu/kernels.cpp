@@ -94,9 +94,9 @@ void KernelTable::gemm_tile(GgmlType weight, int64_t n, const void* w, size_t w_
   // one activation row (decode): the matrix-vector kernel streams the weights; a tile kernel's
   // unpacking pays off only when it serves several rows. Up to kBatchInvariantTokens rows (a
   // speculative verification) each token's result must be bit-identical to one-token decoding:
-  // vec_dot_tokens where the ISA has it (the row unpacked once for the tokens: AVX2 Q4_K and
-  // Q6_K, a k = 8 verification step of the 24-layer Qwen3-30B-A3B synthetic 470 -> 365 ms on 2
-  // cores), else vec_dot per token (the row stays in L1).
+  // vec_dot_tokens where the ISA has it (the row unpacked once per 8 tokens: AVX2 Q4_K and
+  // Q6_K, a k = 8 verification step of the 24-layer Qwen3-30B-A3B synthetic 471 -> 338-349 ms on
+  // 2 cores), else vec_dot per token (the row stays in L1).
   if (const GemmFn g = gemm[size_t(weight)]; g != nullptr && n_tok > kBatchInvariantTokens)
     return g(n, w, w_stride, n_rows, a, a_stride, n_tok, y, ldy);
   const VecDotFn dot = vec_dot[size_t(weight)];
