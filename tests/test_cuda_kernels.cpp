@@ -3,8 +3,8 @@
 //  - the matmul per format against a double-precision dot of the dequantized weights: every value
 //    within 1e-5 of sum |w x| (float accumulation in another order);
 //  - each backend op against CpuBackend's on the exact path: rms_norm 1e-5, rope 5e-4 (the angle
-//    as pos * scale^i against the CPU's running product; positions up to 300), attention and the
-//    FFN 1e-4 relative (another summation order, float against half caches);
+//    as pos * scale^i against the CPU's running product; positions up to 300), attention (GQA and
+//    MLA) and the FFN 1e-4 relative (another summation order, float against half caches);
 //  - whole models: logits on the CUDA backend against the fixtures' exact logits, within the
 //    fixtures README's bounds for the quantized path.
 // Everything but the first test skips, saying so, where no CUDA device is usable (every CPU-only
@@ -275,6 +275,26 @@ TEST(CudaBackend, OpsMatchTheCpuBackend) {
       expect_close(a, b, 1e-4, "attention");
       all_on_device(g);
     }
+  // MLA's core: latent rows of 64 + 16 values, 4 heads, a decode and a block of queries
+  for (int64_t n_tok : {1, 7}) {
+    SCOPED_TRACE("mla, tokens " + std::to_string(n_tok));
+    const int H = 4, R = 64, ROPE = 16, W = R + ROPE, ctx = 80;
+    const int64_t pos0 = 50;
+    KvCache cache;
+    cache.init(2, ctx, W, 0);
+    std::normal_distribution<float> nd;
+    for (int64_t pos = 0; pos < pos0 + n_tok; ++pos)
+      for (int i = 0; i < W; ++i) cache.k_row(1, pos)[i] = nd(rng);
+    const std::vector<float> q = randn(rng, size_t(n_tok * H * W));
+    std::vector<float> a(size_t(n_tok * H * R)), b(a.size());
+    const auto be = device();
+    ASSERT_NE(be, nullptr);
+    const CudaBackend& g = *be;
+    g.attention_mla(H, R, ROPE, 0.1f, cache, 1, q.data(), n_tok, pos0, a.data());
+    c.attention_mla(H, R, ROPE, 0.1f, cache, 1, q.data(), n_tok, pos0, b.data());
+    expect_close(a, b, 1e-4, "attention_mla");
+    all_on_device(g);
+  }
   // matmul and the SwiGLU FFN (silu; swiglu_oai with biases), Q8_0 weights, accumulate and scale
   for (int variant = 0; variant < 3; ++variant) {
     SCOPED_TRACE("ffn variant " + std::to_string(variant));

@@ -265,8 +265,9 @@ TEST(Server, ConcurrentRequestsShareSteps) {
 // in shared steps all finish.
 TEST(Server, NgramDraftsKeepGreedyOutput) {
   const std::string text = "one two three four five six. one two three four five six. one two three";
+  bool adaptive = false;  // k = max_draft whenever there is room: every guess is tried
   auto run = [&](const char* drafter, int slots, int n_jobs, SchedulerMetrics* metrics) {
-    TestServer s(SchedulerOptions{.max_sequences = slots, .ctx = 256, .drafter = drafter, .adaptive_draft = false});
+    TestServer s(SchedulerOptions{.max_sequences = slots, .ctx = 256, .drafter = drafter, .adaptive_draft = adaptive});
     std::vector<std::shared_ptr<Job>> jobs;
     for (int i = 0; i < n_jobs; ++i) {
       CompletionRequest r;
@@ -302,6 +303,11 @@ TEST(Server, NgramDraftsKeepGreedyOutput) {
   const auto many = run("ngram", 3, 3, &many_m);
   EXPECT_EQ(many.size(), 3u);
   EXPECT_EQ(many_m.completion_tokens_total, 120);
+  // the server's default: adaptive k, which needs plain steps' times as its yardstick first
+  SchedulerMetrics adaptive_m;
+  adaptive = true;
+  EXPECT_EQ(run("ngram", 1, 1, &adaptive_m), plain);
+  EXPECT_GT(adaptive_m.draft_tokens_total, 0) << "the adaptive controller never drafted";
 }
 
 // MTP drafts in the server: a synthetic model with a nextn layer, the scheduler alone. The

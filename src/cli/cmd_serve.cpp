@@ -67,7 +67,7 @@ int run_serve(ServeOptions o) {
   so.ctx = int(context_limit(m, c, 4096));
   so.kv_type = c.kv_type;
   if (o.draft.drafter == "mtp" && m.mtp == nullptr) return fail("--draft mtp: " + m.mtp_error);
-  so.drafter = o.draft.drafter;
+  so.drafter = o.draft.drafter.empty() ? "none" : o.draft.drafter;
   so.max_draft = o.draft.max;
   server::Scheduler scheduler(m, *tok, so);
   server::HttpOptions ho;

@@ -235,6 +235,26 @@ void CudaBackend::attention_gqa(const AttentionParams& p, KvCache& cache, int la
   strata::attention_gqa(p, cache, layer, q, n_tok, pos0, out);
 }
 
+void CudaBackend::attention_mla(int n_head, int kv_lora, int rope, float scale, KvCache& cache, int layer,
+                                const float* q, int64_t n_tok, int64_t pos0, float* out) const {
+  std::lock_guard lock(mu_);
+  const int64_t W = kv_lora + rope, kv_len = pos0 + n_tok;
+  const size_t q_bytes = size_t(n_tok * n_head * W) * sizeof(float), o_bytes = size_t(n_tok * n_head * kv_lora) * sizeof(float),
+               rows_bytes = size_t(kv_len * W) * sizeof(float);
+  float* dq = scratch(0, q_bytes);
+  float* dout = scratch(1, o_bytes);
+  float* drows = scratch(2, rows_bytes);
+  if (kv_lora <= kMaxHeadDimV && dq != nullptr && dout != nullptr && drows != nullptr && to_device(dq, q, q_bytes) &&
+      to_device(drows, cache.k_row(layer, 0), rows_bytes) &&
+      fail(gpu::cuda_attention_mla(n_head, kv_lora, rope, scale, dq, drows, n_tok, pos0, dout)) &&
+      to_host(out, dout, o_bytes)) {
+    ++stats_.device_ops;
+    return;
+  }
+  ++stats_.host_ops;
+  strata::attention_mla(n_head, kv_lora, rope, scale, cache, layer, q, n_tok, pos0, out);
+}
+
 void CudaBackend::swiglu_ffn(const Weight& gate, const Weight& up, const Weight& down, const float* h, int64_t n_tok,
                              const float* scale, bool accumulate, float* out, const SwigluOptions& opt) const {
   std::lock_guard lock(mu_);

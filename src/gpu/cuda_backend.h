@@ -43,6 +43,8 @@ class CudaBackend final : public Backend {
   void rope(float* x, int64_t n_tok, int n_head, int head_dim, int64_t pos0, const cpu::RopeParams& p) const override;
   void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const float* q, int64_t n_tok, int64_t pos0,
                      float* out) const override;
+  void attention_mla(int n_head, int kv_lora, int rope, float scale, KvCache& cache, int layer, const float* q,
+                     int64_t n_tok, int64_t pos0, float* out) const override;
   void swiglu_ffn(const Weight& gate, const Weight& up, const Weight& down, const float* h, int64_t n_tok,
                   const float* scale, bool accumulate, float* out, const SwigluOptions& opt = {}) const override;
   void add(float* y, const float* x, int64_t n) const override { cpu::add(y, x, n); }

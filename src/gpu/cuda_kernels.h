@@ -5,7 +5,7 @@
 // Every kernel is reference-grade (correct first; fast kernels are the next step of #7): one warp
 // per output row of a matmul, weights dequantized in the kernel from the file's block layout
 // (F32, BF16, Q8_0, Q4_K, Q6_K, MXFP4), float accumulation; one warp per (token, head) of attention with
-// an online softmax. Kernels run in order on one stream; copy_to_host waits for them. A launch
+// an online softmax (GQA and MLA). Kernels run in order on one stream; copy_to_host waits for them. A launch
 // error is returned by the call that launched it, an execution error by the next copy.
 #pragma once
 
@@ -62,6 +62,12 @@ struct AttentionArgs {
 };
 Status cuda_attention(const AttentionArgs& a, const float* q, const void* k, const void* v, int64_t n_tok,
                       int64_t pos0, float* out);
+
+// MLA's attention core (Backend::attention_mla) over a copy of one layer's latent rows
+// [kv_len][kv_lora + rope] (float, KvCache::k_row's layout): q [n_tok][n_head][kv_lora + rope],
+// out [n_tok][n_head][kv_lora]; query t at position pos0 + t sees rows 0 .. pos0 + t.
+Status cuda_attention_mla(int n_head, int kv_lora, int rope, float scale, const float* q, const float* rows,
+                          int64_t n_tok, int64_t pos0, float* out);
 
 // g[i] = act(g[i]) * u[i] for n elements: kind 0 silu, 1 gpt-oss's swiglu_oai (alpha, limit),
 // 2 silu with clamps (limit); model.h GluKind.

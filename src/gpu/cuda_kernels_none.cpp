@@ -21,6 +21,9 @@ Status cuda_rope(float*, int64_t, int, int, int64_t, const RopeArgs&) { return n
 Status cuda_attention(const AttentionArgs&, const float*, const void*, const void*, int64_t, int64_t, float*) {
   return not_built();
 }
+Status cuda_attention_mla(int, int, int, float, const float*, const float*, int64_t, int64_t, float*) {
+  return not_built();
+}
 Status cuda_glu(int, float, float, float*, const float*, int64_t) { return not_built(); }
 Status cuda_add_rows(float*, const float*, int64_t, int64_t) { return not_built(); }
 

@@ -6,10 +6,10 @@
 // against position j is (q_nope_h . W_kb[h]^T c_j + q_pe_h . k_pe_j) * scale, computed by first
 // absorbing W_kb[h] into the query (q_c = W_kb[h] q_nope, kv_lora wide); its output is
 // W_vb[h] (sum_j p_j c_j).
+#include <algorithm>
 #include <vector>
 
 #include "base/profiler.h"
-#include "cpu/thread_pool.h"
 #include "model/blocks.h"
 #include "model/forward.h"
 
@@ -25,50 +25,47 @@ void scatter(const float* src, int64_t n, int64_t stride, int64_t off, int64_t w
   for (int64_t t = 0; t < n; ++t) std::copy_n(src + t * w, w, dst + t * stride + off);
 }
 
-// MLA over a batch of spans: the absorbed projections run once for every token, the scores of
-// each token over its own sequence's cache.
+// MLA over a batch of spans, in chunks of kMlaChunk tokens (a chunk's absorbed queries are
+// n_head x (kv_lora + rope) floats a token: 288 KiB for DeepSeek-V3): per head the absorbed
+// projection W_kb runs once for the chunk's tokens, the scores of each token over its own
+// sequence's cache (Backend::attention_mla, all heads at once), then W_vb per head.
+constexpr int64_t kMlaChunk = 64;
+
 void mla_attention(const Backend& be, const HParams& hp, const LayerWeights& l, std::span<const SeqSpan> seqs,
                    int il, const float* q, int64_t n_tok, float* out) {
-  const int64_t H = hp.n_head, NOPE = hp.qk_nope, ROPE = hp.qk_rope, QK = NOPE + ROPE,
-                R = hp.kv_lora_rank, DV = hp.v_head;
-  std::vector<KvCache*> tok_cache(static_cast<size_t>(n_tok));
-  std::vector<int64_t> tok_pos(static_cast<size_t>(n_tok));
-  int64_t n_kv = 0;
-  for (int64_t t = 0; const SeqSpan& seq : seqs) {
-    for (int64_t i = 0; i < seq.n_tok; ++i, ++t) {
-      tok_cache[size_t(t)] = seq.cache;
-      tok_pos[size_t(t)] = seq.pos0 + i;
+  const int64_t H = hp.n_head, NOPE = hp.qk_nope, ROPE = hp.qk_rope, QK = NOPE + ROPE, R = hp.kv_lora_rank,
+                W = R + ROPE, DV = hp.v_head;
+  std::vector<float> qn, qc, qlat, ctx, ch, o;
+  for (int64_t c0 = 0; c0 < n_tok; c0 += kMlaChunk) {
+    const int64_t n = std::min(kMlaChunk, n_tok - c0);
+    const float* qchunk = q + c0 * H * QK;
+    qn.resize(size_t(n * NOPE));
+    qc.resize(size_t(n * R));
+    qlat.resize(size_t(n * H * W));
+    ctx.resize(size_t(n * H * R));
+    ch.resize(size_t(n * R));
+    o.resize(size_t(n * DV));
+    for (int64_t h = 0; h < H; ++h) {
+      gather(qchunk, n, H * QK, h * QK, NOPE, qn.data());
+      be.matmul(l.wk_b.slice(h), qn.data(), n, qc.data());  // absorbed query, kv_lora wide
+      scatter(qc.data(), n, H * W, h * W, R, qlat.data());
+      for (int64_t t = 0; t < n; ++t)
+        std::copy_n(qchunk + t * H * QK + h * QK + NOPE, ROPE, &qlat[size_t((t * H + h) * W + R)]);
     }
-    n_kv = std::max(n_kv, seq.pos0 + seq.n_tok);
-  }
-  std::vector<float> qn(size_t(n_tok * NOPE)), qc(size_t(n_tok * R)), ctx(size_t(n_tok * R)),
-      o(size_t(n_tok * DV));
-  for (int64_t h = 0; h < H; ++h) {
-    gather(q, n_tok, H * QK, h * QK, NOPE, qn.data());
-    be.matmul(l.wk_b.slice(h), qn.data(), n_tok, qc.data());  // absorbed query, kv_lora wide
-    cpu::compute_pool().run(n_tok, [&](int64_t t, int) {
-      thread_local std::vector<float> score;
-      score.resize(size_t(n_kv));
-      const int64_t pos = tok_pos[size_t(t)];
-      KvCache& cache = *tok_cache[size_t(t)];
-      const float* qct = &qc[size_t(t * R)];
-      const float* qpe = q + t * H * QK + h * QK + NOPE;
-      for (int64_t j = 0; j <= pos; ++j) {
-        const float* row = cache.k_row(il, j);  // [c (R) | k_pe (ROPE)]
-        const float s = cpu::dot_f32(qct, row, R), s_pe = cpu::dot_f32(qpe, row + R, ROPE);
-        score[size_t(j)] = (s + s_pe) * hp.attn_scale;
-      }
-      cpu::softmax(score.data(), pos + 1);
-      float* c = &ctx[size_t(t * R)];
-      std::fill(c, c + R, 0.0f);
-      for (int64_t j = 0; j <= pos; ++j) {
-        const float* row = cache.k_row(il, j);
-        const float w = score[size_t(j)];
-        for (int64_t i = 0; i < R; ++i) c[i] += w * row[i];
-      }
-    });
-    be.matmul(l.wv_b.slice(h), ctx.data(), n_tok, o.data());
-    scatter(o.data(), n_tok, H * DV, h * DV, DV, out);
+    // each sequence's tokens of the chunk over its own cache
+    int64_t first = 0;  // the batch index of the span's first token
+    for (const SeqSpan& seq : seqs) {
+      const int64_t lo = std::max(first, c0), hi = std::min(first + seq.n_tok, c0 + n);
+      if (lo < hi)
+        be.attention_mla(int(H), int(R), int(ROPE), hp.attn_scale, *seq.cache, il, &qlat[size_t((lo - c0) * H * W)],
+                         hi - lo, seq.pos0 + (lo - first), &ctx[size_t((lo - c0) * H * R)]);
+      first += seq.n_tok;
+    }
+    for (int64_t h = 0; h < H; ++h) {
+      gather(ctx.data(), n, H * R, h * R, R, ch.data());
+      be.matmul(l.wv_b.slice(h), ch.data(), n, o.data());
+      scatter(o.data(), n, H * DV, h * DV, DV, out + c0 * H * DV);
+    }
   }
 }
 

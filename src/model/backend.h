@@ -5,8 +5,8 @@
 // Activations are float rows in host memory on every backend, and the KV cache is the host's
 // KvCache: a device backend copies an op's inputs in and its outputs out (the hidden state crosses
 // PCIe per op, not once per layer; device-resident activations and KV are the next step of #7,
-// docs/gpu.md). What a backend has no op for (MLA's attention core, deepseek4's compressors, the
-// routers' top-k, embedding rows) runs on the host in the forward pass itself, on the same rows.
+// docs/gpu.md). What a backend has no op for (deepseek4's compressors and indexer, the routers'
+// top-k, embedding rows) runs on the host in the forward pass itself, on the same rows.
 // The routed experts are the MoE executor's (moe_ffn), which computes the CPU's share with host().
 #pragma once
 
@@ -55,6 +55,12 @@ class Backend {
   // Causal GQA attention over a span's cache (blocks.h attention_gqa: the same contract).
   virtual void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const float* q, int64_t n_tok,
                              int64_t pos0, float* out) const = 0;
+  // MLA's attention core (deepseek2) over a span's latent cache, whose rows are [c (kv_lora) |
+  // k_pe (rope)] by position (KvCache::k_row): q [n_tok][n_head][kv_lora + rope] (each head's
+  // query with W_kb absorbed, then its roped part), out [n_tok][n_head][kv_lora] = sum over
+  // j <= pos0 + t of softmax_j((q . row_j) * scale) c_j.
+  virtual void attention_mla(int n_head, int kv_lora, int rope, float scale, KvCache& cache, int layer, const float* q,
+                             int64_t n_tok, int64_t pos0, float* out) const = 0;
   // out[t] (+)= (down(act(gate h[t]) * up h[t]) + down_b) * (scale ? scale[t] : 1).
   virtual void swiglu_ffn(const Weight& gate, const Weight& up, const Weight& down, const float* h, int64_t n_tok,
                           const float* scale, bool accumulate, float* out, const SwigluOptions& opt = {}) const = 0;
@@ -78,6 +84,8 @@ class CpuBackend final : public Backend {
   void rope(float* x, int64_t n_tok, int n_head, int head_dim, int64_t pos0, const cpu::RopeParams& p) const override;
   void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const float* q, int64_t n_tok, int64_t pos0,
                      float* out) const override;
+  void attention_mla(int n_head, int kv_lora, int rope, float scale, KvCache& cache, int layer, const float* q,
+                     int64_t n_tok, int64_t pos0, float* out) const override;
   void swiglu_ffn(const Weight& gate, const Weight& up, const Weight& down, const float* h, int64_t n_tok,
                   const float* scale, bool accumulate, float* out, const SwigluOptions& opt = {}) const override;
   void add(float* y, const float* x, int64_t n) const override { cpu::add(y, x, n); }

@@ -20,6 +20,11 @@ void CpuBackend::attention_gqa(const AttentionParams& p, KvCache& cache, int lay
   strata::attention_gqa(p, cache, layer, q, n_tok, pos0, out);
 }
 
+void CpuBackend::attention_mla(int n_head, int kv_lora, int rope, float scale, KvCache& cache, int layer,
+                               const float* q, int64_t n_tok, int64_t pos0, float* out) const {
+  strata::attention_mla(n_head, kv_lora, rope, scale, cache, layer, q, n_tok, pos0, out);
+}
+
 void CpuBackend::swiglu_ffn(const Weight& gate, const Weight& up, const Weight& down, const float* h, int64_t n_tok,
                             const float* scale, bool accumulate, float* out, const SwigluOptions& opt) const {
   strata::swiglu_ffn(mm_, gate, up, down, h, n_tok, scale, accumulate, out, opt);

@@ -600,6 +600,30 @@ void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const fl
   });
 }
 
+void attention_mla(int n_head, int kv_lora, int rope, float scale, KvCache& cache, int layer, const float* q,
+                   int64_t n_tok, int64_t pos0, float* out) {
+  const int64_t R = kv_lora, W = kv_lora + rope;
+  cpu::compute_pool().run(n_tok * n_head, [&](int64_t task, int) {
+    const int64_t t = task / n_head, h = task % n_head, pos = pos0 + t;
+    thread_local std::vector<float> score;
+    score.resize(size_t(pos + 1));
+    const float* qt = q + (t * n_head + h) * W;
+    for (int64_t j = 0; j <= pos; ++j) {
+      const float* row = cache.k_row(layer, j);  // [c (R) | k_pe (rope)]
+      const float s = cpu::dot_f32(qt, row, R), s_pe = cpu::dot_f32(qt + R, row + R, rope);
+      score[size_t(j)] = (s + s_pe) * scale;
+    }
+    cpu::softmax(score.data(), pos + 1);
+    float* c = out + (t * n_head + h) * R;
+    std::fill(c, c + R, 0.0f);
+    for (int64_t j = 0; j <= pos; ++j) {
+      const float* row = cache.k_row(layer, j);
+      const float w = score[size_t(j)];
+      for (int64_t i = 0; i < R; ++i) c[i] += w * row[i];
+    }
+  });
+}
+
 void embed(const Model& m, const int32_t* tokens, int64_t n_tok, float* x) {
   prof::Span span(prof::Part::embed);
   const int64_t E = m.hparams().n_embd;

@@ -71,6 +71,10 @@ void swiglu_ffn(const cpu::Matmul& be, const Weight& gate, const Weight& up, con
 void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const float* q,
                    int64_t n_tok, int64_t pos0, float* out);
 
+// MLA's attention core on the CPU (Backend::attention_mla's contract), a task per (token, head).
+void attention_mla(int n_head, int kv_lora, int rope, float scale, KvCache& cache, int layer, const float* q,
+                   int64_t n_tok, int64_t pos0, float* out);
+
 // x[t] = row tokens[t] of the token embeddings; x: [n_tok][n_embd].
 void embed(const Model& m, const int32_t* tokens, int64_t n_tok, float* x);
 

@@ -196,13 +196,18 @@ void Scheduler::loop() {
     // Drafts join a step only when every sequence in it is decoding (a prompt would make every
     // row's logits a prompt's worth), and only up to cpu::kBatchInvariantTokens tokens in all, so
     // each sequence's rows are computed as in plain decoding and greedy output is unchanged.
+    // A step time is measured from here: drafting (the MTP drafter runs a layer) and the pass.
+    // Every decoding step's time goes to each sequence's controller, plain ones too (its yardstick).
+    const double t_step = now_s();
+    const bool decoding =
+        std::all_of(running.begin(), running.end(), [](const Slot* s) { return s->step.size() == 1; });
     bool drafting = false;
-    if (o_.drafter != "none" &&
-        std::all_of(running.begin(), running.end(), [](const Slot* s) { return s->step.size() == 1; })) {
+    if (o_.drafter != "none" && decoding) {
       int budget = int(cpu::kBatchInvariantTokens) - int(running.size());
       const size_t first = size_t(m_.steps_total) % running.size();  // who drafts first rotates
       for (size_t j = 0; j < running.size() && budget > 0; ++j) {
         Slot& s = *running[(first + j) % running.size()];
+        if (!s.control) continue;
         const CompletionRequest& r = s.job->request;
         const int room = int(std::min<int64_t>({o_.ctx - s.session->n_past() - 1, int64_t(r.max_tokens - s.generated - 1),
                                                 int64_t(budget)}));
@@ -260,6 +265,7 @@ void Scheduler::loop() {
       } else if (!drafting) {
         s.history.insert(s.history.end(), s.step.begin(), s.step.end());
         const TokenId next = s.sampler->sample(std::span<const float>(logits->data() + i * V, V), s.history);
+        if (decoding && s.control) s.control->record(0, 0, t1 - t_step);
         if (!emit(next, s.session->n_past())) s.step.assign(1, next);
       } else {
         // row j follows the pending token and drafts 0 .. j-1: verify in order, keep what agrees
@@ -278,9 +284,9 @@ void Scheduler::loop() {
           s.history.push_back(next);
         }
         if (!rejected) next = s.sampler->sample(row_at(n_draft), s.history);
+        if (s.control) s.control->record(n_draft, accepted, t1 - t_step);
         if (n_draft > 0) {
           s.session->rewind(pos0[i] + 1 + accepted);
-          s.control->record(n_draft, accepted, t1 - t0);
           std::lock_guard<std::mutex> lock(mu_);
           m_.draft_tokens_total += n_draft;
           m_.draft_accepted_total += accepted;

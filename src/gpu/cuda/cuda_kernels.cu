@@ -227,6 +227,40 @@ __global__ void attention_kernel(AttentionArgs a, const float* q, const void* k,
   }
 }
 
+// MLA: one warp per (token, head) over the latent rows [c (R) | k_pe (rope)]: the score is the
+// whole row against q, the value is c; R / 32 output values per lane.
+__global__ void attention_mla_kernel(int n_head, int R, int W, float scale, const float* q, const float* rows,
+                                     int64_t n_tok, int64_t pos0, float* out) {
+  const int64_t wid = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (wid >= n_tok * n_head) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t pos = pos0 + wid / n_head;
+  const float* qr = q + wid * W;
+  float m = -INFINITY, l = 0, acc[kMaxDv / 32] = {};
+  for (int64_t j = 0; j <= pos; ++j) {
+    const float* row = rows + j * W;
+    float d = 0;
+    for (int i = lane; i < W; i += 32) d += qr[i] * row[i];
+    for (int o = 16; o > 0; o /= 2) d += __shfl_xor_sync(0xffffffffu, d, o);
+    const float sc = d * scale;
+    const float m_new = fmaxf(m, sc);
+    const float corr = expf(m - m_new), p = expf(sc - m_new);
+    l = l * corr + p;
+#pragma unroll
+    for (int c = 0; c < kMaxDv / 32; ++c) {
+      const int i = lane + 32 * c;
+      if (i < R) acc[c] = acc[c] * corr + p * row[i];
+    }
+    m = m_new;
+  }
+  float* o = out + wid * R;
+#pragma unroll
+  for (int c = 0; c < kMaxDv / 32; ++c) {
+    const int i = lane + 32 * c;
+    if (i < R) o[i] = acc[c] / l;
+  }
+}
+
 __global__ void glu_kernel(int kind, float alpha, float limit, float* g, const float* u, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
@@ -346,6 +380,19 @@ Status cuda_attention(const AttentionArgs& a, const float* q, const void* k, con
   if (a.half) attention_kernel<true><<<blocks_for(warps, kWarps), 32 * kWarps>>>(a, q, k, v, n_tok, pos0, out);
   else attention_kernel<false><<<blocks_for(warps, kWarps), 32 * kWarps>>>(a, q, k, v, n_tok, pos0, out);
   return launched("attention");
+}
+
+Status cuda_attention_mla(int n_head, int kv_lora, int rope, float scale, const float* q, const float* rows,
+                          int64_t n_tok, int64_t pos0, float* out) {
+  if (kv_lora > kMaxDv || n_head <= 0)
+    return Error{"CUDA MLA attention: " + std::to_string(n_head) + " heads of latent width " + std::to_string(kv_lora) +
+                 " (the kernel takes up to " + std::to_string(kMaxDv) + ")"};
+  const int64_t warps = n_tok * n_head;
+  if (warps == 0) return {};
+  constexpr int kWarps = 4;
+  attention_mla_kernel<<<blocks_for(warps, kWarps), 32 * kWarps>>>(n_head, kv_lora, kv_lora + rope, scale, q, rows,
+                                                                   n_tok, pos0, out);
+  return launched("attention_mla");
 }
 
 Status cuda_glu(int kind, float alpha, float limit, float* g, const float* u, int64_t n) {
