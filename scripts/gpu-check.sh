@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command for a machine with an NVIDIA GPU (issue #7, docs/gpu.md): builds strata with the
-# CUDA library for sm_86, sm_89, sm_90 and sm_120, runs the whole test suite there (the CUDA
+# CUDA library for sm_80, sm_86, sm_89, sm_90 and sm_120, runs the whole test suite there (the CUDA
 # kernel and backend tests among it: each kernel against the CPU, whole-model logits against the
 # fixtures), records what the driver reports, then benchmarks on a synthetic Qwen3-30B-A3B Q4_K_M:
 #  - the CUDA backend (the dense part on the GPU, routed experts on the CPU) against CPU only;
@@ -8,7 +8,8 @@
 #    which still runs on the simulated device (the VRAM expert cache is not on the real device
 #    yet), with the modelled times from this host's limits where `strata calibrate` finds them.
 # results.md says which figure is which. Everything goes under OUT_DIR; results.md there is the
-# summary to copy into bench/RESULTS.md. Meant to finish within 10 minutes on a 16-core host.
+# summary to copy into bench/RESULTS.md. Meant to finish within about 10 minutes on a 16-core host
+# (each bench capped at 120 s; not yet timed on one).
 #
 # Usage: scripts/gpu-check.sh OUT_DIR
 #   BUILD_DIR (default build-gpu), MODEL (a GGUF to reuse), CUDA_ARCHS (default "80;86;89;90;120";
@@ -71,7 +72,7 @@ fi
   echo
   echo "## CUDA backend, Qwen3-30B-A3B Q4_K_M (synthetic), synthetic routing"
   echo
-  echo "Dense part (attention, norms, routers, shared FFNs, lm head) on the GPU with the reference-grade kernels,"
+  echo "Dense part (attention, norms, routers, lm head) on the GPU with the reference-grade kernels,"
   echo "activations copied per op; routed experts on this host's CPUs. Against the same run on the CPU alone."
   echo
 } >> "$summary"

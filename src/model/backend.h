@@ -39,7 +39,7 @@ class Backend {
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
   // The CPU matmul that computes what stays on the host (the routed experts the placement leaves
-  // to the CPU, the routers); its path (exact / quantized) is the backend's.
+  // to the CPU); its path (exact / quantized) is the backend's.
   virtual const cpu::Matmul& host() const = 0;
 
   // y[t] = W x[t]: x [n_tok][w.n_in], y [n_tok][w.n_out] (no aliasing).
