@@ -166,15 +166,6 @@ std::vector<float> randn(std::mt19937& rng, size_t n) {
   return v;
 }
 
-Weight f32_weight(const std::vector<float>& v, int64_t n_in, int64_t n_out) {
-  Weight w;
-  w.data = reinterpret_cast<const uint8_t*>(v.data());
-  w.type = GgmlType::f32;
-  w.n_in = n_in;
-  w.n_out = n_out;
-  w.row_bytes = size_t(n_in) * 4;
-  return w;
-}
 
 TEST(CudaBackend, OpsMatchTheCpuBackend) {
   SKIP_WITHOUT_DEVICE();
@@ -200,7 +191,7 @@ TEST(CudaBackend, OpsMatchTheCpuBackend) {
   {
     const int64_t n_tok = 5, n = 384;
     const std::vector<float> x = randn(rng, size_t(n_tok * n)), wv = randn(rng, size_t(n));
-    const Weight w = f32_weight(wv, n, 1);
+    const Weight w = Weight::f32(wv.data(), n);
     const auto be = device();
     ASSERT_NE(be, nullptr);
     const CudaBackend& g = *be;
@@ -345,7 +336,7 @@ TEST(CudaBackend, NoRoomForWeightsMeansTheHost) {
   const CpuBackend c(cpu::MatmulPath::exact);
   const int64_t n = 256, rows = 64, n_tok = 3;
   const std::vector<float> wv = randn(rng, size_t(n * rows)), x = randn(rng, size_t(n_tok * n)), nv = randn(rng, size_t(n));
-  const Weight w = f32_weight(wv, n, rows), norm = f32_weight(nv, n, 1);
+  const Weight w = Weight::f32(wv.data(), n, rows), norm = Weight::f32(nv.data(), n);
   std::vector<float> a(size_t(n_tok * rows)), b(a.size()), na(x.size()), nb(x.size());
   (*be)->matmul(w, x.data(), n_tok, a.data());
   c.matmul(w, x.data(), n_tok, b.data());

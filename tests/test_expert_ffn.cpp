@@ -101,19 +101,10 @@ void check(const Case& c, uint64_t seed) {
   l.gate_exps = gate.w;
   l.up_exps = up.w;
   l.down_exps = down.w;
-  auto bias_weight = [](std::vector<float>& v, int64_t width, int64_t n) {
-    Weight w;
-    w.data = reinterpret_cast<const uint8_t*>(v.data());
-    w.type = GgmlType::f32;
-    w.n_in = width;
-    w.n_out = n;
-    w.row_bytes = size_t(width) * 4;
-    return w;
-  };
   if (c.biases) {
-    l.gate_exps_b = bias_weight(gb, F, n_exp);
-    l.up_exps_b = bias_weight(ub, F, n_exp);
-    l.down_exps_b = bias_weight(db, E, n_exp);
+    l.gate_exps_b = Weight::f32(gb.data(), F, n_exp);
+    l.up_exps_b = Weight::f32(ub.data(), F, n_exp);
+    l.down_exps_b = Weight::f32(db.data(), E, n_exp);
   }
   const GluParams glu = c.glu == GluKind::silu ? GluParams{} : GluParams{GluKind::swiglu_oai, 1.702f, 7.0f};
 

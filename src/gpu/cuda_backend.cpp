@@ -14,17 +14,6 @@ namespace strata {
 
 namespace {
 
-// A float vector of n values (a bias, the sinks) as a 1-row F32 weight, for device_weight.
-Weight vector_weight(const float* v, int64_t n) {
-  Weight w;
-  w.data = reinterpret_cast<const uint8_t*>(v);
-  w.type = GgmlType::f32;
-  w.n_in = n;
-  w.n_out = 1;
-  w.row_bytes = size_t(n) * sizeof(float);
-  return w;
-}
-
 gpu::RopeArgs rope_args(const cpu::RopeParams& p) {
   gpu::RopeArgs a;
   a.neox = p.kind == cpu::RopeKind::neox;
@@ -201,7 +190,7 @@ void CudaBackend::attention_gqa(const AttentionParams& p, KvCache& cache, int la
   const size_t k_head = size_t(k_blocks * DK * kb) * es, v_head = size_t(kv_len * DV) * es;
   const size_t q_bytes = size_t(n_tok * p.n_head * DK) * sizeof(float);
   const size_t o_bytes = size_t(n_tok * p.n_head * DV) * sizeof(float);
-  const uint8_t* sinks = p.sinks != nullptr ? device_weight(vector_weight(p.sinks, p.n_head)) : nullptr;
+  const uint8_t* sinks = p.sinks != nullptr ? device_weight(Weight::f32(p.sinks, p.n_head)) : nullptr;
   auto* dq = scratch(0, q_bytes);
   auto* dout = scratch(1, o_bytes);
   auto* dk = reinterpret_cast<uint8_t*>(scratch(2, k_head * size_t(HKV)));
@@ -260,7 +249,7 @@ void CudaBackend::swiglu_ffn(const Weight& gate, const Weight& up, const Weight&
   std::lock_guard lock(mu_);
   const int64_t E_in = gate.n_in, F = gate.n_out, E = down.n_out;
   auto bias = [&](const float* b, int64_t n) -> const float* {
-    return b == nullptr ? nullptr : reinterpret_cast<const float*>(device_weight(vector_weight(b, n)));
+    return b == nullptr ? nullptr : reinterpret_cast<const float*>(device_weight(Weight::f32(b, n)));
   };
   const float *gb = bias(opt.gate_b, F), *ub = bias(opt.up_b, F), *db = bias(opt.down_b, E);
   const bool biases = (opt.gate_b == nullptr || gb != nullptr) && (opt.up_b == nullptr || ub != nullptr) &&

@@ -36,6 +36,16 @@ struct Weight {
     w.n_out = n;
     return w;
   }
+  // F32 values in memory (a bias, sinks, a test's matrix) as a weight of n_out rows of n_in.
+  static Weight f32(const float* v, int64_t n_in, int64_t n_out = 1) {
+    Weight w;
+    w.data = reinterpret_cast<const uint8_t*>(v);
+    w.type = GgmlType::f32;
+    w.n_in = n_in;
+    w.n_out = n_out;
+    w.row_bytes = size_t(n_in) * sizeof(float);
+    return w;
+  }
   // Matrix `e` of a stack as a plain 2D weight.
   Weight slice(int64_t e) const {
     Weight w = *this;
