@@ -1,5 +1,6 @@
 #include "cli/common.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -116,8 +117,12 @@ Result<Loaded> load_model(const CommonOptions& o, const char* cmd) {
                  format_bytes(double((*m)->resident_bytes)).c_str(), st.n_slots(), double(st.slot_bytes()) / 0x1p20,
                  std::string(st.read_method()).c_str());
   }
-  if (c.gpu_simulate && c.vram_budget > 0) {
-    if (stream) return Error{"gpu.simulate with routed experts streamed from NVMe (budgets.ram below the model) is not built"};
+  // routed experts in VRAM: the GPU tier, on the simulated device or on a real GPU
+  const bool has_experts = std::any_of((*m)->layers.begin(), (*m)->layers.end(),
+                                       [](const LayerWeights& l) { return l.is_moe(); });
+  const bool real_gpu = c.vram_budget > 0 && !c.gpu_simulate && n_gpus > 0;
+  if (c.vram_budget > 0 && has_experts && (c.gpu_simulate || real_gpu)) {
+    if (stream) return Error{"the GPU tier with routed experts streamed from NVMe (budgets.ram below the model) is not built"};
     GpuTier::Options go;
     go.vram_bytes = c.vram_budget;
     go.cache.max_promotions = c.gpu_max_promotions;
@@ -133,7 +138,7 @@ Result<Loaded> load_model(const CommonOptions& o, const char* cmd) {
     go.costs.cpu_ops = hw.cpu_int8_gops * 1e9;
     if (go.costs.cpu_gbps <= 0) go.costs.cpu_gbps = cpu::measure_read_gbps(cpu::compute_pool());
     if (go.costs.cpu_ops <= 0) go.costs.cpu_ops = cpu::measure_int8_peak_gops(cpu::compute_pool()) * 1e9;
-    auto tier = GpuTier::create_simulated(**m, go);
+    auto tier = real_gpu ? GpuTier::create_cuda(**m, go) : GpuTier::create_simulated(**m, go);
     if (!tier) return Error{"config " + c.source + ": " + tier.error().message};
     (*m)->gpu_tier = std::move(*tier);
     if (!c.gpu_heat_file.empty()) {
@@ -146,11 +151,13 @@ Result<Loaded> load_model(const CommonOptions& o, const char* cmd) {
       (*m)->gpu_tier->save_heat_at_exit(c.gpu_heat_file);
     }
     const GpuTier::Stats st = (*m)->gpu_tier->stats();
-    how += strfmt(", simulated GPU: %" PRId64 " expert slots of %s for %" PRId64 " experts (%s)", st.slots,
-                  format_size(st.slot_bytes).c_str(), st.n_experts, go.costs.describe().c_str());
+    how += strfmt(", %s: %" PRId64 " expert slots of %s for %" PRId64 " experts (%s)",
+                  real_gpu ? "GPU tier on CUDA device 0" : "simulated GPU", st.slots, format_size(st.slot_bytes).c_str(),
+                  st.n_experts, go.costs.describe().c_str());
   }
-  if (c.vram_budget > 0 && !c.gpu_simulate && n_gpus > 0) {
-    auto be = CudaBackend::create(c.vram_budget);
+  if (real_gpu) {
+    // the dense part's weights: the tier's fixed part of the budget (all of it without a tier)
+    auto be = CudaBackend::create((*m)->gpu_tier ? GpuTier::fixed_bytes(**m) : c.vram_budget);
     if (!be) return Error{"config " + c.source + ": budgets.vram: " + be.error().message};
     (*m)->backend = std::move(*be);
     how += ", dense part on the CUDA backend";

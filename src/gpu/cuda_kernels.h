@@ -26,6 +26,34 @@ void device_free(void* p);  // null: nothing
 Status copy_to_device(void* dst, const void* src, size_t bytes);
 Status copy_to_host(void* dst, const void* src, size_t bytes);
 
+// Free and total memory of device 0 (cudaMemGetInfo).
+Status device_memory(size_t* free_bytes, size_t* total_bytes);
+
+// Streams and events, as handles (null stream: the default stream, on which every kernel below
+// runs). stream_create's streams do not wait for the default stream (cudaStreamNonBlocking).
+Result<void*> stream_create();
+void stream_destroy(void* stream);
+Result<void*> event_create();
+void event_destroy(void* event);
+Status event_record(void* event, void* stream);
+Status stream_wait_event(void* stream, void* event);
+// Whether the work the event marks has completed (an event never recorded has).
+Result<bool> event_done(void* event);
+Status event_synchronize(void* event);
+// Page-locked host memory, which asynchronous copies need to be asynchronous.
+Result<void*> pinned_alloc(size_t bytes);
+void pinned_free(void* p);
+// Copies on `stream` that return at once (src / dst: pinned host memory).
+Status copy_to_device_async(void* dst, const void* src, size_t bytes, void* stream);
+Status copy_to_host_async(void* dst, const void* src, size_t bytes, void* stream);
+Status memset_async(void* dst, int value, size_t bytes, void* stream);
+
+// The routed experts' rows: dst[i] = src[rows[i]] (n rows of width floats), and
+// dst[rows[i]] += scale[i] * src[i]; rows within one scatter are distinct.
+Status cuda_gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t width, float* dst);
+Status cuda_scatter_add_rows(float* dst, const int32_t* rows, const float* scale, int64_t n, int64_t width,
+                             const float* src);
+
 // Whether cuda_matmul has a kernel for weights of `type`.
 bool cuda_has_matmul(GgmlType type);
 // y[t][r] = sum_k W[r][k] x[t][k] for r < n_rows, t < n_tok. w: n_rows rows of row_bytes in the

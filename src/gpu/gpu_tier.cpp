@@ -10,28 +10,66 @@
 
 #include <unistd.h>
 
+#include "cpu/repack.h"
+#include "gpu/cuda_device.h"
+#include "gpu/cuda_kernels.h"
+#include "gpu/sim_device.h"
 #include "model/model.h"
 
 namespace strata {
 
-GpuTier::GpuTier(const Model& m, const Options& o) : m_(m), o_(o), dev_(o.vram_bytes, o.costs.pcie_gbps) {}
+GpuTier::GpuTier(const Model& m, const Options& o, std::unique_ptr<gpu::Device> dev)
+    : m_(m), o_(o), dev_(std::move(dev)) {}
 
 GpuTier::~GpuTier() {
-  if (heat_file_.empty() || cache_ == nullptr) return;
-  if (const Status st = save_heat(heat_file_); !st) std::fprintf(stderr, "strata: %s\n", st.error().message.c_str());
+  if (!heat_file_.empty() && cache_ != nullptr)
+    if (const Status st = save_heat(heat_file_); !st) std::fprintf(stderr, "strata: %s\n", st.error().message.c_str());
+  if (cuda_ != nullptr) end_device_share(nullptr);
+  cache_.reset();
+  for (gpu::Device::Buffer& b : ship_)
+    if (b.id >= 0) dev_->free(b);
+  for (Scratch& s : dscratch_) gpu::device_free(s.p);
+  for (auto& [host, dev] : biases_) gpu::device_free(dev);
+  gpu::pinned_free(pin_in_.p);
+  gpu::pinned_free(pin_out_.p);
 }
 
-Result<std::unique_ptr<GpuTier>> GpuTier::create_simulated(const Model& m, const Options& o) {
-  const HParams& hp = m.hparams();
-  std::unique_ptr<GpuTier> t(new GpuTier(m, o));
-  // every tensor but the routed experts' matrices is read by every token; slots fit the largest
-  // expert (quant mixes give some layers' ffn_down more bits)
+uint64_t GpuTier::fixed_bytes(const Model& m) {
+  // every tensor but the routed experts' matrices is read by every token
   uint64_t total = 0, experts = 0;
   for (const GgufTensorInfo& ti : m.file().tensors()) {
     total += ti.n_bytes;
     if (ti.name.ends_with("_exps.weight")) experts += ti.n_bytes;
   }
-  t->fixed_ = total - experts;
+  return total - experts;
+}
+
+Result<std::unique_ptr<GpuTier>> GpuTier::create_simulated(const Model& m, const Options& o) {
+  auto dev = std::make_unique<gpu::SimDevice>(o.vram_bytes, o.costs.pcie_gbps);
+  gpu::SimDevice* sim = dev.get();
+  auto t = create(m, o, std::move(dev));
+  if (t) (*t)->sim_ = sim;
+  return t;
+}
+
+Result<std::unique_ptr<GpuTier>> GpuTier::create_cuda(const Model& m, const Options& o) {
+  auto dev = gpu::CudaDevice::create(o.vram_bytes);
+  if (!dev) return dev.error();
+  gpu::CudaDevice* cuda = dev->get();
+  if (!cuda->note().empty()) std::fprintf(stderr, "strata: %s\n", cuda->note().c_str());
+  auto t = create(m, o, std::move(*dev));
+  if (!t) return t.error();
+  (*t)->cuda_ = cuda;
+  (*t)->done_event_ = cuda->new_event();
+  if (!cuda->error().empty()) return Error{"GPU tier: " + cuda->error()};
+  return t;
+}
+
+Result<std::unique_ptr<GpuTier>> GpuTier::create(const Model& m, const Options& o, std::unique_ptr<gpu::Device> dev) {
+  const HParams& hp = m.hparams();
+  std::unique_ptr<GpuTier> t(new GpuTier(m, o, std::move(dev)));
+  t->fixed_ = fixed_bytes(m);
+  // slots fit the largest expert (quant mixes give some layers' ffn_down more bits)
   int n_moe = 0;
   for (const LayerWeights& l : m.layers) {
     if (!l.is_moe()) continue;
@@ -41,12 +79,30 @@ Result<std::unique_ptr<GpuTier>> GpuTier::create_simulated(const Model& m, const
   }
   if (n_moe == 0) return Error{"the GPU tier caches routed experts, and this model has none"};
   const uint64_t scratch = uint64_t(512) * uint64_t(hp.n_embd) * sizeof(float) * 16;
-  auto cache = gpu::VramExpertCache::create(t->dev_, t->fixed_, scratch, t->slot_bytes_, hp.n_layer,
+  gpu::Device& d = *t->dev_;
+  // a real device ships experts through two staging slots of its own (the simulation only
+  // costs the copies), when the budget has room for them beside the fixed part and scratch
+  const bool cuda = dynamic_cast<gpu::SimDevice*>(t->dev_.get()) == nullptr;
+  if (cuda && d.capacity() - d.used() >= t->fixed_ + scratch + 3 * t->slot_bytes_) {
+    for (int i = 0; i < 2; ++i) {
+      auto b = d.alloc(t->slot_bytes_);
+      if (!b) break;
+      t->ship_[i] = *b;
+      t->ship_ready_[i] = d.new_event();
+      t->ship_read_[i] = d.new_event();
+    }
+  }
+  auto cache = gpu::VramExpertCache::create(d, t->fixed_, scratch, t->slot_bytes_, hp.n_layer,
                                             std::max(1, hp.n_expert), o.cache);
   if (!cache) return cache.error();
   t->cache_ = std::move(*cache);
-  t->stream_ = t->dev_.new_stream();
+  t->stream_ = d.compute_stream();
   return t;
+}
+
+gpu::SimDevice& GpuTier::device() {
+  STRATA_CHECK(sim_ != nullptr, "GpuTier::device: the tier is not simulated");
+  return *sim_;
 }
 
 void GpuTier::observe(int layer, std::span<const int32_t> ids) { cache_->observe(layer, ids); }
@@ -63,7 +119,10 @@ std::vector<GpuTier::Assignment> GpuTier::place(const LayerWeights& l, int layer
     slots[i] = cache_->ready_slot(layer, experts[i], stream_);
     jobs[i] = {.expert = experts[i], .n_tok = n_tok[i], .resident = slots[i] >= 0, .bytes = bytes, .params = params};
   }
-  const LayerPlacement p = place_experts(jobs, o_.costs);
+  LayerPlacement p = place_experts(jobs, o_.costs);
+  if (cuda_ != nullptr)  // a real device after an error, or without staging slots for shipped experts
+    for (ExpertSite& site : p.site)
+      if (!cuda_->error().empty() || (site == ExpertSite::ship && ship_[1].id < 0)) site = ExpertSite::cpu;
   counts_.model_cpu_s += p.cpu_s;
   counts_.model_gpu_s += p.gpu_s;
   counts_.model_copy_s += p.copy_s;
@@ -86,41 +145,43 @@ std::vector<GpuTier::Assignment> GpuTier::place(const LayerWeights& l, int layer
       v.up.data = at + l.gate_exps.mat_bytes();
       v.down = l.down_exps.slice(0);
       v.down.data = at + l.gate_exps.mat_bytes() + l.up_exps.mat_bytes();
+      if (cuda_ != nullptr) v.gate.interleaved = v.up.interleaved = v.down.interleaved = false;  // the file's layout
       out[i].views = v;
       const double seconds = o_.costs.gpu_seconds(bytes, params, n_tok[i]);
-      cache_->run(stream_, slots[i], seconds, nullptr);
       counts_.gpu_seconds += seconds;
+      if (cuda_ != nullptr) {
+        out[i].on_device = true;  // its kernels are issued by begin_device_share
+        continue;
+      }
+      cache_->run(stream_, slots[i], seconds, nullptr);
     }
   }
   for (size_t i = 0; i < experts.size(); ++i) {
     if (p.site[i] != ExpertSite::ship) continue;
     ++counts_.ship_uses;
     counts_.ship_bytes += bytes;
-    dev_.wait(stream_, dev_.transfer_h2d(cache_->copy_stream(), bytes));  // the one PCIe link, shared with promotions
     const double seconds = o_.costs.gpu_seconds(bytes, params, n_tok[i]);
-    dev_.launch(stream_, {}, seconds, nullptr);
     counts_.gpu_seconds += seconds;
+    if (cuda_ != nullptr) {
+      out[i].on_device = true;  // copied and computed by begin_device_share
+      continue;
+    }
+    sim_->wait(stream_, sim_->transfer_h2d(cache_->copy_stream(), bytes));  // the one PCIe link, shared with promotions
+    sim_->launch(stream_, {}, seconds, nullptr);
   }
   return out;
 }
 
 void GpuTier::layer_done(double cpu_seconds) {
-  dev_.host_advance(cpu_seconds);
-  dev_.wait(stream_, dev_.host_time());
+  if (sim_ == nullptr) return;  // a real device: end_device_share waited for the GPU's share
+  sim_->host_advance(cpu_seconds);
+  sim_->wait(stream_, sim_->host_time());
 }
 
 
 namespace {
 constexpr const char* kHeatMagic = "strata-expert-heat 1";
 
-gpu::VramExpertCache::HostBytes host_bytes(const Model& m) {
-  return [&m](int layer, int e) {
-    const LayerWeights& l = m.layers[size_t(layer)];
-    std::vector<std::span<const uint8_t>> pieces;
-    for (const Weight* w : {&l.gate_exps, &l.up_exps, &l.down_exps}) pieces.emplace_back(w->slice(e).data, w->mat_bytes());
-    return pieces;
-  };
-}
 }  // namespace
 
 Result<int> GpuTier::load_heat(const std::string& path) {
@@ -143,7 +204,7 @@ Result<int> GpuTier::load_heat(const std::string& path) {
     if (!(in >> heat[i]) || !std::isfinite(heat[i]) || heat[i] < 0)
       return Error{strfmt("gpu.heat_file %s: count %zu of %zu is missing or not a non-negative number", path.c_str(),
                           i + 1, heat.size())};
-  return cache_->warm_start(heat, host_bytes(m_));
+  return cache_->warm_start(heat, host_bytes());
 }
 
 Status GpuTier::save_heat(const std::string& path) const {
@@ -171,7 +232,33 @@ Status GpuTier::save_heat(const std::string& path) const {
   return {};
 }
 
-void GpuTier::end_step() { cache_->end_step(host_bytes(m_)); }
+gpu::VramExpertCache::HostBytes GpuTier::host_bytes() {
+  return [this](int layer, int e) {
+    const LayerWeights& l = m_.layers[size_t(layer)];
+    std::vector<std::span<const uint8_t>> pieces;
+    deinterleaved_.resize(3);
+    int k = 0;
+    for (const Weight* w : {&l.gate_exps, &l.up_exps, &l.down_exps}) {
+      const Weight x = w->slice(e);
+      if (!x.interleaved || cuda_ == nullptr) {  // the simulation computes a slot with the CPU kernels
+        pieces.emplace_back(x.data, x.mat_bytes());
+        ++k;
+        continue;
+      }
+      // the GPU's kernels read the file's layout: rows the loader interleaved are put back
+      std::vector<uint8_t>& file = deinterleaved_[size_t(k++)];
+      file.resize(x.mat_bytes());
+      for (int64_t r = 0; r < x.n_out; ++r) {
+        const uint8_t* row = cpu::file_row(x, r, 0, file.data() + size_t(r) * x.row_bytes);
+        if (row != file.data() + size_t(r) * x.row_bytes) std::memcpy(file.data() + size_t(r) * x.row_bytes, row, x.row_bytes);
+      }
+      pieces.emplace_back(file.data(), file.size());
+    }
+    return pieces;
+  };
+}
+
+void GpuTier::end_step() { cache_->end_step(host_bytes()); }
 
 void GpuTier::set_kv(const void* session, uint64_t bytes) {
   if (bytes == 0)
@@ -194,8 +281,8 @@ GpuTier::Stats GpuTier::stats() const {
   s.promotions = cache_->promotions();
   s.evictions = cache_->evictions();
   s.stalls = cache_->stalls();
-  s.pcie_bytes = dev_.bytes_copied();
-  s.pcie_seconds = dev_.pcie_seconds();
+  s.pcie_bytes = sim_ != nullptr ? sim_->bytes_copied() : cuda_->bytes_copied() + counts_.pcie_bytes;
+  s.pcie_seconds = sim_ != nullptr ? sim_->pcie_seconds() : 0;
   s.slots = cache_->n_slots();
   s.resident = cache_->n_resident();
   s.n_experts = int64_t(m_.hparams().n_expert) * std::count_if(m_.layers.begin(), m_.layers.end(),
@@ -212,15 +299,160 @@ std::string GpuTier::summary() const {
   const Stats s = stats();
   const uint64_t uses = s.gpu_uses + s.ship_uses + s.cpu_uses;
   auto pct = [&](uint64_t n) { return uses ? 100.0 * double(n) / double(uses) : 0.0; };
-  return strfmt("GPU tier (simulated device, %s of VRAM: %s fixed, %" PRId64 " expert slots of %s for %" PRId64
+  return strfmt("GPU tier (%s, %s of VRAM: %s fixed, %" PRId64 " expert slots of %s for %" PRId64
                 " experts, %s of KV): of %" PRIu64 " expert uses %.1f%% from VRAM, %.1f%% shipped (%s), %.1f%% on the "
                 "CPU; %" PRIu64 " promotions, %" PRIu64 " evictions, %s over PCIe in all; modelled expert time "
                 "(engine/expert_placement.h): CPU %.1f ms, GPU %.1f ms (copies %.1f ms), critical path %.1f ms",
-                format_size(s.vram_bytes).c_str(), format_size(s.fixed_bytes).c_str(), s.slots,
+                sim_ != nullptr ? "simulated device" : "CUDA device 0", format_size(s.vram_bytes).c_str(),
+                format_size(s.fixed_bytes).c_str(), s.slots,
                 format_size(s.slot_bytes).c_str(), s.n_experts, format_size(s.kv_bytes).c_str(), uses,
                 pct(s.gpu_uses), pct(s.ship_uses), format_bytes(double(s.ship_bytes)).c_str(), pct(s.cpu_uses),
                 s.promotions, s.evictions, format_bytes(double(s.pcie_bytes)).c_str(), 1e3 * s.model_cpu_s,
                 1e3 * s.model_gpu_s, 1e3 * s.model_copy_s, 1e3 * s.model_total_s);
+}
+
+
+// ---- the device share of a layer, on a real GPU ----
+
+void* GpuTier::scratch(int i, size_t bytes) {
+  Scratch& s = dscratch_[i];
+  if (s.bytes < bytes) {
+    gpu::device_free(s.p);
+    s = {};
+    auto p = gpu::device_alloc(std::max(bytes, size_t(1) << 20));
+    if (!cuda_->check(p.ok() ? Status{} : Status(p.error()))) return nullptr;
+    s = {*p, std::max(bytes, size_t(1) << 20)};
+  }
+  return s.p;
+}
+
+bool GpuTier::pinned(Scratch& s, size_t bytes) {
+  if (s.bytes >= bytes) return true;
+  gpu::pinned_free(s.p);
+  s = {};
+  auto p = gpu::pinned_alloc(std::max(bytes, size_t(1) << 20));
+  if (!cuda_->check(p.ok() ? Status{} : Status(p.error()))) return false;
+  s = {*p, std::max(bytes, size_t(1) << 20)};
+  return true;
+}
+
+const float* GpuTier::device_bias(const Weight& b) {
+  if (auto it = biases_.find(b.data); it != biases_.end()) return static_cast<const float*>(it->second);
+  const size_t bytes = b.mat_bytes() * size_t(b.n_mat);
+  auto p = gpu::device_alloc(bytes);
+  if (!cuda_->check(p.ok() ? Status{} : Status(p.error()))) return nullptr;
+  if (!cuda_->check(gpu::copy_to_device(*p, b.data, bytes))) {
+    gpu::device_free(*p);
+    return nullptr;
+  }
+  biases_[b.data] = *p;
+  return static_cast<const float*>(*p);
+}
+
+void GpuTier::begin_device_share(const LayerWeights& l, int layer, std::span<const DeviceFfn> ffns, const float* h,
+                                 int64_t n_tok, int64_t n_embd, const GluParams& glu) {
+  STRATA_CHECK(cuda_ != nullptr && share_ == Share::none, "begin_device_share: a real device, one share at a time");
+  gpu::CudaDevice& d = *cuda_;
+  if (ffns.empty()) return;
+  share_ = Share::failed;  // until every kernel and copy is issued
+  share_rows_ = n_tok * n_embd;
+  if (!d.error().empty()) return;
+  const int64_t E = n_embd, F = l.gate_exps.n_out, E_in = l.gate_exps.n_in;
+  size_t total = 0, most = 0;  // token rows of the share, of its largest expert
+  for (const DeviceFfn& f : ffns) {
+    total += f.tokens.size();
+    most = std::max(most, f.tokens.size());
+  }
+  // one upload: h, then every expert's rows and scales
+  const size_t h_bytes = size_t(n_tok * E_in) * sizeof(float), out_bytes = size_t(share_rows_) * sizeof(float);
+  const size_t idx_bytes = total * sizeof(int32_t), sc_bytes = total * sizeof(float);
+  if (!pinned(pin_in_, h_bytes + idx_bytes + sc_bytes) || !pinned(pin_out_, out_bytes)) return;
+  auto* in = static_cast<uint8_t*>(pin_in_.p);
+  std::memcpy(in, h, h_bytes);
+  auto* idx = reinterpret_cast<int32_t*>(in + h_bytes);
+  auto* sc = reinterpret_cast<float*>(in + h_bytes + idx_bytes);
+  for (const DeviceFfn& f : ffns)
+    for (size_t i = 0; i < f.tokens.size(); ++i) {
+      *idx++ = int32_t(f.tokens[i]);
+      *sc++ = f.scale[i];
+    }
+  auto* dh = static_cast<float*>(scratch(kH, h_bytes));
+  auto* dout = static_cast<float*>(scratch(kOut, out_bytes));
+  auto* dx = static_cast<float*>(scratch(kX, most * size_t(E_in) * sizeof(float)));
+  auto* dg = static_cast<float*>(scratch(kG, most * size_t(F) * sizeof(float)));
+  auto* du = static_cast<float*>(scratch(kU, most * size_t(F) * sizeof(float)));
+  auto* dd = static_cast<float*>(scratch(kD, most * size_t(E) * sizeof(float)));
+  auto* drows = static_cast<int32_t*>(scratch(kRows, idx_bytes + sc_bytes));  // then the scales
+  void* const compute = d.stream_handle(stream_);
+  bool ok = dh && dout && dx && dg && du && dd && drows &&
+            d.check(gpu::copy_to_device_async(dh, in, h_bytes, compute)) &&
+            d.check(gpu::copy_to_device_async(drows, in + h_bytes, idx_bytes + sc_bytes, compute)) &&
+            d.check(gpu::memset_async(dout, 0, out_bytes, compute));
+  const float* dscale = ok ? reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(drows) + idx_bytes) : nullptr;
+  counts_.pcie_bytes += h_bytes + idx_bytes + sc_bytes + out_bytes;
+  const float* gate_b = l.gate_exps_b ? device_bias(l.gate_exps_b) : nullptr;
+  const float* up_b = l.up_exps_b ? device_bias(l.up_exps_b) : nullptr;
+  const float* down_b = l.down_exps_b ? device_bias(l.down_exps_b) : nullptr;
+  ok = ok && (!l.gate_exps_b || gate_b) && (!l.up_exps_b || up_b) && (!l.down_exps_b || down_b);
+  size_t at = 0;  // the expert's first row in drows / dscale
+  for (const DeviceFfn& f : ffns) {
+    if (!ok) break;
+    const int64_t n = int64_t(f.tokens.size());
+    const int32_t e = f.expert;
+    // the expert's FFN over its gathered rows, scaled into dout (kernels in order on the compute stream)
+    auto ffn = [&, n, e, at](const Weight& gate, const Weight& up, const Weight& down) {
+      ok = d.check(gpu::cuda_gather_rows(dh, drows + at, n, E_in, dx)) &&
+           d.check(gpu::cuda_matmul(gate.type, gate.data, F, E_in, gate.row_bytes, dx, n, dg)) &&
+           d.check(gpu::cuda_matmul(up.type, up.data, F, E_in, up.row_bytes, dx, n, du)) &&
+           d.check(gpu::cuda_add_rows(dg, gate_b ? gate_b + e * F : nullptr, n, F)) &&
+           d.check(gpu::cuda_add_rows(du, up_b ? up_b + e * F : nullptr, n, F)) &&
+           d.check(gpu::cuda_glu(int(glu.kind), glu.alpha, glu.limit, dg, du, n * F)) &&
+           d.check(gpu::cuda_matmul(down.type, down.data, E, F, down.row_bytes, dg, n, dd)) &&
+           d.check(gpu::cuda_add_rows(dd, down_b ? down_b + e * E : nullptr, n, E)) &&
+           d.check(gpu::cuda_scatter_add_rows(dout, drows + at, dscale + at, n, E, dd));
+    };
+    if (f.site->views) {  // from its slot, after the slot's copy
+      const Views& v = *f.site->views;
+      cache_->run(stream_, v.slot, 0.0, [&] { ffn(v.gate, v.up, v.down); });
+    } else {  // shipped: into a staging slot once the kernels reading its last expert are done
+      const int j = next_ship_;
+      next_ship_ ^= 1;
+      gpu::Device::Buffer& b = ship_[j];
+      d.wait_event(cache_->copy_stream(), ship_read_[j]);
+      uint64_t off = 0;
+      Weight w[3] = {l.gate_exps.slice(e), l.up_exps.slice(e), l.down_exps.slice(e)};
+      for (const std::span<const uint8_t> piece : host_bytes()(layer, e)) {
+        d.copy_h2d(cache_->copy_stream(), b, off, piece.data(), piece.size());
+        off += piece.size();
+      }
+      d.record_event(ship_ready_[j], cache_->copy_stream());
+      d.wait_event(stream_, ship_ready_[j]);
+      for (Weight& x : w) x.interleaved = false;
+      w[0].data = b.data;
+      w[1].data = b.data + w[0].mat_bytes();
+      w[2].data = b.data + w[0].mat_bytes() + w[1].mat_bytes();
+      ffn(w[0], w[1], w[2]);
+      d.record_event(ship_read_[j], stream_);
+      ok = ok && d.error().empty();
+    }
+    at += size_t(n);
+  }
+  ok = ok && d.check(gpu::copy_to_host_async(pin_out_.p, dout, out_bytes, compute));
+  d.record_event(done_event_, stream_);
+  if (ok && d.error().empty()) share_ = Share::issued;
+}
+
+bool GpuTier::end_device_share(float* out) {
+  STRATA_CHECK(cuda_ != nullptr, "end_device_share: a real device");
+  const Share state = share_;
+  share_ = Share::none;
+  if (state == Share::none) return true;
+  if (state == Share::failed || !cuda_->synchronize(done_event_)) return false;
+  if (out != nullptr) {
+    const auto* d = static_cast<const float*>(pin_out_.p);
+    for (int64_t i = 0; i < share_rows_; ++i) out[i] += d[i];
+  }
+  return true;
 }
 
 }  // namespace strata

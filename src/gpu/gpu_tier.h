@@ -1,12 +1,18 @@
-// The GPU tier's routed experts on the simulated device (issue #7, docs/gpu.md). The VRAM cache
-// (vram_cache.h) keeps the hottest experts in slots. Each layer, place() decides per active expert
-// (engine/expert_placement.h, from the tier's costs): from its slot on the GPU when the slot is
-// ready (its copy has landed), shipped to the GPU for this step when that shortens the layer
-// (prefill batches past the break-even), else on the CPU from host memory. On the simulated
-// device every expert is computed by the CPU kernels: a resident one from its slot (the slot's
-// copy holds the same bytes, so the results equal the CPU-only path bit for bit), a shipped one
-// from host memory; the GPU's kernels and copies are costed on the device's timeline. The dense
-// part (attention, shared experts, head) stays on the CPU: there is no Backend interface yet.
+// The GPU tier's routed experts (issue #7, docs/gpu.md), on the simulated device or on a real GPU
+// (CudaDevice). The VRAM cache (vram_cache.h) keeps the hottest experts in slots. Each layer,
+// place() decides per active expert (engine/expert_placement.h, from the tier's costs): from its
+// slot on the GPU when the slot is ready (its copy has landed), shipped to the GPU for this step
+// when that shortens the layer (prefill batches past the break-even), else on the CPU from host
+// memory.
+//
+// Simulated: every expert is computed by the CPU kernels, a resident one from its slot (the slot
+// holds the same bytes, so the results equal the CPU-only path bit for bit), a shipped one from
+// host memory; the GPU's kernels and copies are costed on the device's timeline.
+// CUDA: the experts placed on the GPU (resident, or shipped through one of two staging slots) are
+// the device share of the layer: begin_device_share() issues their kernels on the compute stream
+// and returns, the CPU computes its share meanwhile, and end_device_share() adds the device's
+// output. The hidden state crosses PCIe once each way per layer. The dense part runs on the
+// Backend (CudaBackend on a GPU).
 #pragma once
 
 #include <cstdint>
@@ -18,14 +24,19 @@
 
 #include "base/error.h"
 #include "engine/expert_placement.h"
+#include "gpu/device.h"
 #include "gpu/sim_device.h"
 #include "gpu/vram_cache.h"
 #include "model/weights.h"
 
 namespace strata {
 
+namespace gpu {
+class CudaDevice;
+}  // namespace gpu
 class Model;
 struct LayerWeights;
+struct GluParams;
 
 class GpuTier {
  public:
@@ -39,8 +50,13 @@ class GpuTier {
     gpu::VramCacheParams cache;
   };
   // The arena for `m`: fixed = every weight but the routed experts, scratch = activations of a
-  // 512-token batch, slots of the largest expert. Errors: the budget cannot hold the fixed part.
+  // 512-token batch, slots of the largest expert. Errors: the budget cannot hold the fixed part,
+  // the model has no routed experts.
   static Result<std::unique_ptr<GpuTier>> create_simulated(const Model& m, const Options& o);
+  // The same on CUDA device 0. Errors as above, and no usable device.
+  static Result<std::unique_ptr<GpuTier>> create_cuda(const Model& m, const Options& o);
+  // The arena's fixed part for `m`: the bytes of every tensor but the routed experts'.
+  static uint64_t fixed_bytes(const Model& m);
 
   // moe_ffn: one layer's routing (the cache's heat).
   void observe(int layer, std::span<const int32_t> ids);
@@ -54,9 +70,28 @@ class GpuTier {
   struct Assignment {
     ExpertSite site = ExpertSite::cpu;
     std::optional<Views> views;  // site gpu: the expert's matrices in its VRAM slot
+    bool on_device = false;      // CUDA: computed in the device share (begin_device_share)
   };
   std::vector<Assignment> place(const LayerWeights& l, int layer, std::span<const int32_t> experts,
                                 std::span<const int64_t> n_tok);
+  // CUDA: issues the layer's device share, the experts whose Assignment::on_device is set
+  // (ffn_work: one per such expert, in `sites` order of place()'s experts): h [n_tok][n_embd] goes to
+  // the device once, each expert's tokens are gathered there, its FFN runs from its slot (or
+  // from a staging slot its copy fills, if shipped), and the scaled outputs are summed on the
+  // device. Returns at once.
+  struct DeviceFfn {
+    int32_t expert = 0;
+    const Assignment* site = nullptr;
+    std::span<const int64_t> tokens;  // rows of h
+    std::span<const float> scale;     // per token
+  };
+  void begin_device_share(const LayerWeights& l, int layer, std::span<const DeviceFfn> ffns, const float* h,
+                          int64_t n_tok, int64_t n_embd, const GluParams& glu);
+  // Waits for the device share and adds its output to out [n_tok][n_embd]. false: a CUDA error
+  // (the device is off from now on, out is unchanged): the caller computes those experts itself.
+  bool end_device_share(float* out);
+  bool on_cuda() const { return cuda_ != nullptr; }
+
   // The CPU's share of a layer took `seconds` (host time moves on); the GPU share of the layer
   // is waited for before the next.
   void layer_done(double cpu_seconds);
@@ -92,13 +127,38 @@ class GpuTier {
   Stats stats() const;
   // "GPU tier (simulated, 8.0 GiB): 41% of 1234 expert uses from VRAM, ..." (one line).
   std::string summary() const;
-  gpu::SimDevice& device() { return dev_; }
+  // The simulated device (the tier must be simulated).
+  gpu::SimDevice& device();
 
  private:
-  GpuTier(const Model& m, const Options& o);
+  GpuTier(const Model& m, const Options& o, std::unique_ptr<gpu::Device> dev);
+  static Result<std::unique_ptr<GpuTier>> create(const Model& m, const Options& o, std::unique_ptr<gpu::Device> dev);
+  gpu::VramExpertCache::HostBytes host_bytes();
+  // The device copy of a stacked bias (f32 [n_expert][width]), made on first use; null on error.
+  const float* device_bias(const Weight& b);
   const Model& m_;
   Options o_;
-  gpu::SimDevice dev_;
+  std::unique_ptr<gpu::Device> dev_;
+  gpu::SimDevice* sim_ = nullptr;    // dev_ when simulated
+  gpu::CudaDevice* cuda_ = nullptr;  // dev_ on a GPU
+  // CUDA: the device share's buffers (device, and pinned host), grown as needed
+  struct Scratch {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+  enum { kH, kOut, kX, kG, kU, kD, kRows, kDeviceScratch };
+  Scratch dscratch_[kDeviceScratch];
+  Scratch pin_in_, pin_out_;
+  void* scratch(int i, size_t bytes);
+  bool pinned(Scratch& s, size_t bytes);
+  std::map<const void*, void*> biases_;
+  gpu::Device::Buffer ship_[2];  // staging slots of shipped experts
+  int ship_ready_[2] = {-1, -1}, ship_read_[2] = {-1, -1};
+  int next_ship_ = 0;
+  int done_event_ = -1;  // the device share's output is on the host
+  enum class Share { none, failed, issued } share_ = Share::none;  // the layer's device share
+  int64_t share_rows_ = 0;                                         // its output: n_tok * n_embd
+  std::vector<std::vector<uint8_t>> deinterleaved_;  // host_bytes's file-layout copies
   std::unique_ptr<gpu::VramExpertCache> cache_;
   int stream_ = -1;
   uint64_t fixed_ = 0, slot_bytes_ = 0;

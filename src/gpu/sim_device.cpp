@@ -9,13 +9,14 @@ SimDevice::SimDevice(uint64_t vram_bytes, double pcie_gbps) : capacity_(vram_byt
   STRATA_CHECK(pcie_gbps > 0, "SimDevice: the PCIe rate must be positive");
 }
 
-Result<SimDevice::Buffer> SimDevice::alloc(uint64_t bytes) {
+Result<SimDevice::Buffer> SimDevice::alloc(uint64_t bytes, bool backed) {
   if (bytes == 0 || bytes > capacity_ - used_)
     return Error{strfmt("VRAM: %s asked for, %s of %s in use", format_size(bytes).c_str(), format_size(used_).c_str(),
                         format_size(capacity_).c_str())};
   Buffer b;
   b.id = int(memory_.size());
-  memory_.emplace_back(new uint8_t[bytes]);
+  memory_.emplace_back(backed ? new uint8_t[bytes] : nullptr);
+  live_.push_back(true);
   sizes_.push_back(bytes);
   b.data = memory_.back().get();
   b.bytes = bytes;
@@ -24,8 +25,9 @@ Result<SimDevice::Buffer> SimDevice::alloc(uint64_t bytes) {
 }
 
 void SimDevice::free(Buffer& b) {
-  STRATA_CHECK(b.id >= 0 && size_t(b.id) < memory_.size() && memory_[size_t(b.id)] != nullptr, "SimDevice: bad free");
+  STRATA_CHECK(b.id >= 0 && size_t(b.id) < memory_.size() && live_[size_t(b.id)], "SimDevice: bad free");
   memory_[size_t(b.id)].reset();
+  live_[size_t(b.id)] = false;
   used_ -= sizes_[size_t(b.id)];
   b = Buffer{};
 }
@@ -35,13 +37,27 @@ int SimDevice::new_stream() {
   return int(streams_.size()) - 1;
 }
 
+int SimDevice::compute_stream() {
+  if (compute_ < 0) compute_ = new_stream();
+  return compute_;
+}
+
+int SimDevice::new_event() {
+  events_.push_back(0.0);
+  return int(events_.size()) - 1;
+}
+
+bool SimDevice::event_done(int event, int stream) const {
+  return events_[size_t(event)] <= std::max(record(stream), host_);
+}
+
 void SimDevice::wait(int stream, Event e) {
   double& t = streams_[size_t(stream)];
   t = std::max(t, e);
 }
 
 void SimDevice::copy_h2d(int stream, Buffer& b, uint64_t offset, const void* src, uint64_t bytes) {
-  STRATA_CHECK(b.id >= 0 && offset + bytes <= b.bytes, "SimDevice: copy outside the buffer");
+  STRATA_CHECK(b.id >= 0 && b.data != nullptr && offset + bytes <= b.bytes, "SimDevice: copy outside the buffer");
   std::memcpy(b.data + offset, src, bytes);
   double& t = streams_[size_t(stream)];
   const double start = std::max(t, host_), seconds = double(bytes) / (pcie_gbps_ * 1e9);

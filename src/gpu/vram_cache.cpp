@@ -5,7 +5,7 @@
 
 namespace strata::gpu {
 
-VramExpertCache::VramExpertCache(SimDevice& dev, uint64_t slot_bytes, int n_layer, int n_expert, VramCacheParams p)
+VramExpertCache::VramExpertCache(Device& dev, uint64_t slot_bytes, int n_layer, int n_expert, VramCacheParams p)
     : dev_(dev), slot_bytes_(slot_bytes), n_layer_(n_layer), n_expert_(n_expert), p_(p) {
   heat_.assign(size_t(n_layer) * size_t(n_expert), 0.0);
   where_.assign(heat_.size(), -1);
@@ -14,12 +14,12 @@ VramExpertCache::VramExpertCache(SimDevice& dev, uint64_t slot_bytes, int n_laye
 
 VramExpertCache::~VramExpertCache() {
   for (Slot& s : slots_) dev_.free(s.buf);
-  for (SimDevice::Buffer& b : kv_) dev_.free(b);
+  for (Device::Buffer& b : kv_) dev_.free(b);
   if (scratch_.id >= 0) dev_.free(scratch_);
   if (fixed_.id >= 0) dev_.free(fixed_);
 }
 
-Result<std::unique_ptr<VramExpertCache>> VramExpertCache::create(SimDevice& dev, uint64_t fixed_bytes,
+Result<std::unique_ptr<VramExpertCache>> VramExpertCache::create(Device& dev, uint64_t fixed_bytes,
                                                                  uint64_t scratch_bytes, uint64_t slot_bytes,
                                                                  int n_layer, int n_expert, VramCacheParams params) {
   STRATA_CHECK(slot_bytes > 0 && n_layer > 0 && n_expert > 0, "VramExpertCache: empty shape");
@@ -30,16 +30,20 @@ Result<std::unique_ptr<VramExpertCache>> VramExpertCache::create(SimDevice& dev,
                         format_size(dev.capacity() - dev.used()).c_str(), format_size(need).c_str(),
                         format_size(fixed_bytes).c_str(), format_size(scratch_bytes).c_str())};
   std::unique_ptr<VramExpertCache> c(new VramExpertCache(dev, slot_bytes, n_layer, n_expert, params));
-  if (fixed_bytes > 0) c->fixed_ = *dev.alloc(fixed_bytes);
-  if (scratch_bytes > 0) c->scratch_ = *dev.alloc(scratch_bytes);
+  if (fixed_bytes > 0) c->fixed_ = *dev.alloc(fixed_bytes, false);
+  if (scratch_bytes > 0) c->scratch_ = *dev.alloc(scratch_bytes, false);
   c->grow_slots();
   return c;
 }
 
 void VramExpertCache::grow_slots() {
   while (dev_.capacity() - dev_.used() >= slot_bytes_) {
+    auto buf = dev_.alloc(slot_bytes_);
+    if (!buf) return;  // a real device with less free memory than the budget: fewer slots
     Slot s;
-    s.buf = *dev_.alloc(slot_bytes_);
+    s.buf = *buf;
+    s.ready = dev_.new_event();
+    s.last_read = dev_.new_event();
     slots_.push_back(s);
   }
 }
@@ -86,7 +90,7 @@ Status VramExpertCache::set_kv_bytes(uint64_t bytes) {
   }
   while (kv_.size() < chunks) {  // grow: the coldest experts make room
     if (dev_.capacity() - dev_.used() < slot_bytes_) drop_slot(size_t(coldest_slot()));
-    kv_.push_back(*dev_.alloc(slot_bytes_));
+    kv_.push_back(*dev_.alloc(slot_bytes_, false));
   }
   kv_bytes_ = bytes;
   grow_slots();
@@ -132,14 +136,14 @@ int VramExpertCache::promote(int limit, const HostBytes& host) {
       ++evictions_;
     }
     // the copy waits for every kernel that read the slot's previous expert
-    dev_.wait(copy_stream_, s.last_read);
+    dev_.wait_event(copy_stream_, s.last_read);
     uint64_t at = 0;
     for (std::span<const uint8_t> piece : host(key / n_expert_, key % n_expert_)) {
       dev_.copy_h2d(copy_stream_, s.buf, at, piece.data(), piece.size());
       at += piece.size();
     }
     STRATA_CHECK(at <= slot_bytes_, "VramExpertCache: an expert's pieces overflow its slot");
-    s.ready = dev_.record(copy_stream_);
+    dev_.record_event(s.ready, copy_stream_);
     s.key = key;
     where_[size_t(key)] = victim;
     ++promotions_;
@@ -151,17 +155,16 @@ int VramExpertCache::promote(int limit, const HostBytes& host) {
 int VramExpertCache::ready_slot(int layer, int expert, int stream) const {
   const int slot = where_[size_t(layer) * size_t(n_expert_) + size_t(expert)];
   if (slot < 0) return -1;
-  const double now = std::max(dev_.record(stream), dev_.host_time());
-  return slots_[size_t(slot)].ready <= now ? slot : -1;
+  return dev_.event_done(slots_[size_t(slot)].ready, stream) ? slot : -1;
 }
 
 void VramExpertCache::run(int stream, int slot, double seconds, const std::function<void()>& fn) {
   Slot& s = slots_[size_t(slot)];
-  if (s.ready > std::max(dev_.record(stream), dev_.host_time())) ++stalls_;
-  dev_.wait(stream, s.ready);
+  if (!dev_.event_done(s.ready, stream)) ++stalls_;
+  dev_.wait_event(stream, s.ready);
   const int reads[] = {s.buf.id};
   dev_.launch(stream, reads, seconds, fn);
-  s.last_read = std::max(s.last_read, dev_.record(stream));
+  dev_.record_event(s.last_read, stream);  // one compute stream: later reads end later
 }
 
 }  // namespace strata::gpu

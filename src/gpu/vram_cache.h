@@ -1,5 +1,5 @@
-// The VRAM arena and its elastic cache of hot routed experts (issue #7, docs/gpu.md), on the
-// simulated device (sim_device.h) until the CUDA device implements the same calls.
+// The VRAM arena and its elastic cache of hot routed experts (issue #7, docs/gpu.md), on a
+// gpu::Device (device.h): the simulated device in tests, CudaDevice on a GPU.
 //
 // The arena under budgets.vram holds, in this order of precedence:
 //   fixed    dense weights, embeddings, head: what every token needs (a start-up error if it does
@@ -7,6 +7,8 @@
 //   scratch  activations of the largest batch;
 //   KV       the KV cache, which grows with context and sequences;
 //   experts  slots of one routed expert each (its gate, up and down matrices), in all the rest.
+// Fixed, scratch and KV are booked on the device (their memory is the backend's, or host
+// memory); only the slots are the cache's own device memory.
 // Elastic: when the KV cache grows, the coldest experts are evicted to make room; when it
 // shrinks, the freed room becomes slots again.
 //
@@ -27,7 +29,7 @@
 #include <vector>
 
 #include "base/error.h"
-#include "gpu/sim_device.h"
+#include "gpu/device.h"
 
 namespace strata::gpu {
 
@@ -40,7 +42,7 @@ struct VramCacheParams {
 class VramExpertCache {
  public:
   // fixed + scratch must fit in the device; the rest becomes expert slots of slot_bytes.
-  static Result<std::unique_ptr<VramExpertCache>> create(SimDevice& dev, uint64_t fixed_bytes, uint64_t scratch_bytes,
+  static Result<std::unique_ptr<VramExpertCache>> create(Device& dev, uint64_t fixed_bytes, uint64_t scratch_bytes,
                                                          uint64_t slot_bytes, int n_layer, int n_expert,
                                                          VramCacheParams params = {});
   ~VramExpertCache();
@@ -71,7 +73,7 @@ class VramExpertCache {
   // The slot that can serve (layer, expert) for a kernel on `stream` now: resident, and its copy
   // completed by the stream's time. -1: compute it on the CPU.
   int ready_slot(int layer, int expert, int stream) const;
-  // Runs a kernel that reads `slot` on `stream` (SimDevice::launch), after the slot's copy.
+  // Runs a kernel that reads `slot` on `stream` (Device::launch), after the slot's copy.
   void run(int stream, int slot, double seconds, const std::function<void()>& fn);
   const uint8_t* slot_data(int slot) const { return slots_[size_t(slot)].buf.data; }
 
@@ -87,13 +89,13 @@ class VramExpertCache {
 
  private:
   struct Slot {
-    SimDevice::Buffer buf;
-    int key = -1;          // layer * n_expert + expert, -1: empty
-    Event ready = 0;       // its copy completes
-    Event last_read = 0;   // the last kernel reading it ends
+    Device::Buffer buf;
+    int key = -1;        // layer * n_expert + expert, -1: empty
+    int ready = -1;      // event: its copy completes
+    int last_read = -1;  // event: the last kernel reading it ends
   };
-  VramExpertCache(SimDevice& dev, uint64_t slot_bytes, int n_layer, int n_expert, VramCacheParams p);
-  // Fills the free memory with slots.
+  VramExpertCache(Device& dev, uint64_t slot_bytes, int n_layer, int n_expert, VramCacheParams p);
+  // Fills the free memory with slots (until the budget, or the device, has no room for one).
   void grow_slots();
   // Promotes at most `limit` of the hottest non-resident experts (end_step's rule).
   int promote(int limit, const HostBytes& host);
@@ -101,12 +103,12 @@ class VramExpertCache {
   int coldest_slot() const;
   void drop_slot(size_t i);
 
-  SimDevice& dev_;
+  Device& dev_;
   uint64_t slot_bytes_;
   int n_layer_, n_expert_;
   VramCacheParams p_;
-  SimDevice::Buffer fixed_, scratch_;
-  std::vector<SimDevice::Buffer> kv_;
+  Device::Buffer fixed_, scratch_;
+  std::vector<Device::Buffer> kv_;
   uint64_t kv_bytes_ = 0;
   std::vector<Slot> slots_;
   std::vector<double> heat_;  // [layer][expert]

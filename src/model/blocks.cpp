@@ -453,19 +453,43 @@ void moe_ffn(const cpu::Matmul& be, const LayerWeights& l, const Routing& r, con
       for (size_t i = 0; i < ids.size(); ++i) n_of[i] = int64_t(sorted[i].tokens.size());
       sites = gpu->place(l, layer, ids, n_of);
     }
+    auto from_host = [&](size_t i) {
+      sorted[i].gate = l.gate_exps.slice(ids[i]);
+      sorted[i].up = l.up_exps.slice(ids[i]);
+      sorted[i].down = l.down_exps.slice(ids[i]);
+    };
+    // a real GPU's share: its kernels are issued now and run while the CPU computes the rest
+    std::vector<GpuTier::DeviceFfn> on_device;
+    std::vector<size_t> device_idx;
+    std::vector<FfnWork> on_cpu;
+    on_cpu.reserve(ids.size());
     for (size_t i = 0; i < ids.size(); ++i) {
       FfnWork& f = sorted[i];
+      if (!sites.empty() && sites[i].on_device) {
+        on_device.push_back({.expert = ids[i], .site = &sites[i], .tokens = f.tokens, .scale = f.scale});
+        device_idx.push_back(i);
+        continue;
+      }
       if (!sites.empty() && sites[i].views) {  // from its VRAM slot (the simulated device computes it with the same kernels)
         f.gate = sites[i].views->gate;
         f.up = sites[i].views->up;
         f.down = sites[i].views->down;
       } else {  // the CPU's, or shipped (the simulated device computes those from host memory too)
-        f.gate = l.gate_exps.slice(ids[i]);
-        f.up = l.up_exps.slice(ids[i]);
-        f.down = l.down_exps.slice(ids[i]);
+        from_host(i);
       }
+      on_cpu.push_back(std::move(f));
     }
-    run_ffns(be, sorted, h, n_tok, glu, out, cpu::numa_snapshot().get());
+    if (!on_device.empty()) gpu->begin_device_share(l, layer, on_device, h, n_tok, n_embd, glu);
+    const std::shared_ptr<const cpu::NumaLayout> numa = cpu::numa_snapshot();
+    run_ffns(be, on_cpu, h, n_tok, glu, out, numa.get());
+    if (!on_device.empty() && !gpu->end_device_share(out)) {  // a CUDA error: the CPU computes them
+      std::vector<FfnWork> redo;
+      for (size_t i : device_idx) {
+        from_host(i);
+        redo.push_back(std::move(sorted[i]));
+      }
+      run_ffns(be, redo, h, n_tok, glu, out, numa.get());
+    }
     if (gpu != nullptr) gpu->layer_done(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return;
   }

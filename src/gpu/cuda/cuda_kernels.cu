@@ -278,6 +278,17 @@ __global__ void add_rows_kernel(float* x, const float* b, int64_t n_rows, int64_
   if (i < n_rows * n) x[i] += b[i % n];
 }
 
+__global__ void gather_rows_kernel(const float* src, const int32_t* rows, int64_t n, int64_t width, float* dst) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n * width) dst[i] = src[int64_t(rows[i / width]) * width + i % width];
+}
+
+__global__ void scatter_add_rows_kernel(float* dst, const int32_t* rows, const float* scale, int64_t n, int64_t width,
+                                        const float* src) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n * width) dst[int64_t(rows[i / width]) * width + i % width] += scale[i / width] * src[i];
+}
+
 Status cuda_error(const char* what, cudaError_t e) {
   return Error{std::string("CUDA ") + what + ": " + cudaGetErrorString(e)};
 }
@@ -330,6 +341,94 @@ Status copy_to_device(void* dst, const void* src, size_t bytes) {
 Status copy_to_host(void* dst, const void* src, size_t bytes) {
   const cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
   return e == cudaSuccess ? Status{} : cuda_error("copy to host", e);
+}
+
+Status device_memory(size_t* free_bytes, size_t* total_bytes) {
+  const cudaError_t e = cudaMemGetInfo(free_bytes, total_bytes);
+  return e == cudaSuccess ? Status{} : cuda_error("memory info", e);
+}
+
+Result<void*> stream_create() {
+  cudaStream_t s = nullptr;
+  const cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (e != cudaSuccess) return cuda_error("creating a stream", e).error();
+  return static_cast<void*>(s);
+}
+
+void stream_destroy(void* stream) {
+  if (stream != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+
+Result<void*> event_create() {
+  cudaEvent_t ev = nullptr;
+  const cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (e != cudaSuccess) return cuda_error("creating an event", e).error();
+  return static_cast<void*>(ev);
+}
+
+void event_destroy(void* event) {
+  if (event != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+Status event_record(void* event, void* stream) {
+  const cudaError_t e = cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream));
+  return e == cudaSuccess ? Status{} : cuda_error("recording an event", e);
+}
+
+Status stream_wait_event(void* stream, void* event) {
+  const cudaError_t e = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0);
+  return e == cudaSuccess ? Status{} : cuda_error("waiting for an event", e);
+}
+
+Result<bool> event_done(void* event) {
+  const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (e == cudaSuccess) return true;
+  if (e == cudaErrorNotReady) return false;
+  return cuda_error("querying an event", e).error();
+}
+
+Status event_synchronize(void* event) {
+  const cudaError_t e = cudaEventSynchronize(static_cast<cudaEvent_t>(event));
+  return e == cudaSuccess ? Status{} : cuda_error("waiting for an event on the host", e);
+}
+
+Result<void*> pinned_alloc(size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMallocHost(&p, bytes == 0 ? 1 : bytes);
+  if (e != cudaSuccess) return cuda_error(("pinning " + std::to_string(bytes) + " bytes").c_str(), e).error();
+  return p;
+}
+
+void pinned_free(void* p) {
+  if (p != nullptr) cudaFreeHost(p);
+}
+
+Status copy_to_device_async(void* dst, const void* src, size_t bytes, void* stream) {
+  const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream));
+  return e == cudaSuccess ? Status{} : cuda_error("asynchronous copy to device", e);
+}
+
+Status copy_to_host_async(void* dst, const void* src, size_t bytes, void* stream) {
+  const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream));
+  return e == cudaSuccess ? Status{} : cuda_error("asynchronous copy to host", e);
+}
+
+Status memset_async(void* dst, int value, size_t bytes, void* stream) {
+  const cudaError_t e = cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(stream));
+  return e == cudaSuccess ? Status{} : cuda_error("memset", e);
+}
+
+Status cuda_gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t width, float* dst) {
+  if (n * width == 0) return {};
+  gather_rows_kernel<<<blocks_for(n * width, 256), 256>>>(src, rows, n, width, dst);
+  return launched("gather_rows");
+}
+
+Status cuda_scatter_add_rows(float* dst, const int32_t* rows, const float* scale, int64_t n, int64_t width,
+                             const float* src) {
+  if (n * width == 0) return {};
+  scatter_add_rows_kernel<<<blocks_for(n * width, 256), 256>>>(dst, rows, scale, n, width, src);
+  return launched("scatter_add_rows");
 }
 
 bool cuda_has_matmul(GgmlType type) {
