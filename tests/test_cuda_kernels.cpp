@@ -6,7 +6,11 @@
 //    as pos * scale^i against the CPU's running product; positions up to 300), attention (GQA and
 //    MLA) and the FFN 1e-4 relative (another summation order, float against half caches);
 //  - whole models: logits on the CUDA backend against the fixtures' exact logits, within the
-//    fixtures README's bounds for the quantized path.
+//    fixtures README's bounds for the quantized path;
+//  - the CUDA device of the GPU tier (gpu/cuda_device.h): copies through its pinned staging ring
+//    land whole and in order with events; the gather / scatter kernels of the experts' rows; the
+//    tier's routed experts on the GPU against the CPU-only path (the GPU's experts take float
+//    activations where the CPU quantizes them to 8 bits: the same bounds as above).
 // Everything but the first test skips, saying so, where no CUDA device is usable (every CPU-only
 // machine: scripts/gpu-check.sh runs them on a GPU host).
 #include <gtest/gtest.h>
@@ -23,6 +27,8 @@
 #include "cpu/quant_traits.h"
 #include "engine/session.h"
 #include "gpu/cuda_backend.h"
+#include "gpu/cuda_device.h"
+#include "gpu/gpu_tier.h"
 #include "gpu/cuda_kernels.h"
 #include "gpu/gpu_devices.h"
 #include "model/blocks.h"
@@ -53,9 +59,21 @@ TEST(CudaKernels, WithoutADeviceEverythingSaysSo) {
     const Status st = gpu::cuda_matmul(GgmlType::f32, nullptr, 1, 1, 4, nullptr, 1, nullptr);
     ASSERT_FALSE(st.ok());
     EXPECT_FALSE(gpu::cuda_has_matmul(GgmlType::q4_k));
+    EXPECT_FALSE(gpu::stream_create().ok());
+    EXPECT_FALSE(gpu::event_create().ok());
+    EXPECT_FALSE(gpu::pinned_alloc(64).ok());
   } else {
     EXPECT_NE(be.error().message.find("no usable CUDA device"), std::string::npos) << be.error().message;
   }
+  auto dev = gpu::CudaDevice::create(uint64_t(1) << 30);
+  ASSERT_FALSE(dev.ok());
+  EXPECT_NE(dev.error().message.find("no usable CUDA device"), std::string::npos) << dev.error().message;
+  std::vector<uint8_t> bytes;
+  auto m = test::synth_q8_model("tiny", bytes);
+  ASSERT_TRUE(m);
+  auto tier = GpuTier::create_cuda(*m, {.vram_bytes = uint64_t(1) << 30});
+  ASSERT_FALSE(tier.ok());
+  EXPECT_NE(tier.error().message.find("no usable CUDA device"), std::string::npos) << tier.error().message;
 }
 
 // rows x cols random weights of `type` in the file's layout (random blocks with sane scales where
@@ -400,6 +418,134 @@ TEST(CudaBackend, FixtureLogitsOfEveryArchitecture) {
       check_model_on_cuda(entry.path().parent_path(), name.substr(6, name.size() - 11));
     }
 }
+
+// The tier's CUDA device: the budget, booked and backed buffers, a copy larger than the staging
+// ring (4 x 4 MiB) landing whole, ordered for the compute stream by an event.
+TEST(CudaDevice, CopiesThroughTheStagingRingLandWholeAndInOrder) {
+  SKIP_WITHOUT_DEVICE();
+  auto dev = gpu::CudaDevice::create(uint64_t(64) << 20);
+  ASSERT_TRUE(dev.ok()) << dev.error().message;
+  gpu::CudaDevice& d = **dev;
+  EXPECT_FALSE(d.alloc(uint64_t(65) << 20).ok());
+  auto booked = d.alloc(uint64_t(1) << 20, false);
+  ASSERT_TRUE(booked.ok());
+  EXPECT_EQ(booked->data, nullptr);
+  const uint64_t n = (uint64_t(18) << 20) + 123;
+  auto buf = d.alloc(n);
+  ASSERT_TRUE(buf.ok()) << buf.error().message;
+  EXPECT_EQ(d.used(), n + (uint64_t(1) << 20));
+  std::vector<uint8_t> src(n), back(n);
+  std::mt19937 rng(5);
+  for (uint8_t& b : src) b = uint8_t(rng());
+  const int copy = d.new_stream(), ready = d.new_event();
+  d.copy_h2d(copy, *buf, 0, src.data(), n);
+  d.record_event(ready, copy);
+  d.wait_event(d.compute_stream(), ready);
+  const int done = d.new_event();
+  d.record_event(done, d.compute_stream());
+  ASSERT_TRUE(d.synchronize(done));
+  EXPECT_TRUE(d.event_done(ready, copy));
+  ASSERT_TRUE(gpu::copy_to_host(back.data(), buf->data, n).ok());
+  EXPECT_TRUE(back == src);
+  EXPECT_EQ(d.bytes_copied(), n);
+  EXPECT_TRUE(d.error().empty()) << d.error();
+  d.free(*buf);
+  d.free(*booked);
+  EXPECT_EQ(d.used(), 0u);
+}
+
+TEST(CudaKernels, GatherAndScatterAddRows) {
+  SKIP_WITHOUT_DEVICE();
+  const int64_t rows = 9, width = 37;
+  std::vector<float> src(size_t(rows * width)), dst(src.size()), scale = {0.5f, -2.0f, 3.0f, 0.25f};
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (float& x : src) x = u(rng);
+  for (float& x : dst) x = u(rng);
+  const std::vector<int32_t> idx = {7, 2, 0, 5};
+  const int64_t n = int64_t(idx.size());
+  auto ds = gpu::device_alloc(src.size() * 4), dd = gpu::device_alloc(dst.size() * 4), di = gpu::device_alloc(64),
+       dsc = gpu::device_alloc(64), dg = gpu::device_alloc(size_t(n * width) * 4);
+  ASSERT_TRUE(ds.ok() && dd.ok() && di.ok() && dsc.ok() && dg.ok());
+  ASSERT_TRUE(gpu::copy_to_device(*ds, src.data(), src.size() * 4).ok());
+  ASSERT_TRUE(gpu::copy_to_device(*dd, dst.data(), dst.size() * 4).ok());
+  ASSERT_TRUE(gpu::copy_to_device(*di, idx.data(), idx.size() * 4).ok());
+  ASSERT_TRUE(gpu::copy_to_device(*dsc, scale.data(), scale.size() * 4).ok());
+  auto* g = static_cast<float*>(*dg);
+  ASSERT_TRUE(gpu::cuda_gather_rows(static_cast<float*>(*ds), static_cast<int32_t*>(*di), n, width, g).ok());
+  ASSERT_TRUE(gpu::cuda_scatter_add_rows(static_cast<float*>(*dd), static_cast<int32_t*>(*di),
+                                         static_cast<float*>(*dsc), n, width, g).ok());
+  std::vector<float> gathered(size_t(n * width)), out(dst.size());
+  ASSERT_TRUE(gpu::copy_to_host(gathered.data(), g, gathered.size() * 4).ok());
+  ASSERT_TRUE(gpu::copy_to_host(out.data(), *dd, out.size() * 4).ok());
+  std::vector<float> want = dst;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = 0; c < width; ++c) {
+      EXPECT_EQ(gathered[size_t(i * width + c)], src[size_t(idx[size_t(i)] * width + c)]);
+      want[size_t(idx[size_t(i)] * width + c)] += scale[size_t(i)] * src[size_t(idx[size_t(i)] * width + c)];
+    }
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], want[i], 1e-6f) << i;
+  for (void* p : {*ds, *dd, *di, *dsc, *dg}) gpu::device_free(p);
+}
+
+// The GPU tier on the CUDA device: a third of the experts fit in VRAM; decoding fills the slots,
+// those experts run on the GPU while the CPU computes the rest, and the logits stay within the
+// bounds of the quantized path of the CPU-only run.
+class GpuTierCudaArch : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GpuTierCudaArch, RoutedExpertsOnTheGpuMatchTheCpuOnlyPath) {
+  SKIP_WITHOUT_DEVICE();
+  std::vector<uint8_t> bytes;
+  auto m = test::synth_q8_model(GetParam(), bytes);
+  ASSERT_TRUE(m);
+  const int V = m->hparams().n_vocab;
+  const std::vector<int32_t> ids = test::random_ids(48, 3, V);
+  auto decode = [&](std::vector<float>& all) {
+    Session s(*m, 64);
+    auto first = s.eval(std::span<const int32_t>(ids.data(), 16), true);  // a prefill: busy experts may ship
+    ASSERT_TRUE(first.ok()) << first.error().message;
+    all = *first;
+    for (size_t i = 16; i < ids.size(); ++i) {
+      auto l = s.eval(std::span<const int32_t>(&ids[i], 1));
+      ASSERT_TRUE(l.ok());
+      all.insert(all.end(), l->begin(), l->end());
+    }
+  };
+  std::vector<float> cpu, gpu;
+  decode(cpu);
+  int n_moe = 0;
+  uint64_t slot = 0;
+  for (const LayerWeights& l : m->layers)
+    if (l.is_moe()) {
+      ++n_moe;
+      slot = std::max<uint64_t>(slot, l.gate_exps.mat_bytes() + l.up_exps.mat_bytes() + l.down_exps.mat_bytes());
+    }
+  const uint64_t scratch = uint64_t(512) * uint64_t(m->hparams().n_embd) * sizeof(float) * 16;
+  GpuTier::Options o;
+  o.vram_bytes = GpuTier::fixed_bytes(*m) + scratch + uint64_t(2 + n_moe * m->hparams().n_expert / 3) * slot;
+  o.costs.cpu_gbps = 20;
+  o.costs.cpu_ops = 1e12;
+  o.cache.max_promotions = 64;
+  auto tier = GpuTier::create_cuda(*m, o);
+  ASSERT_TRUE(tier.ok()) << tier.error().message;
+  m->gpu_tier = std::move(*tier);
+  decode(gpu);
+  const GpuTier::Stats st = m->gpu_tier->stats();
+  std::printf("  %s: %s\n", GetParam(), m->gpu_tier->summary().c_str());
+  m->gpu_tier.reset();
+  ASSERT_EQ(gpu.size(), cpu.size());
+  const test::LogitStats ls = test::compare(gpu, cpu, V);
+  EXPECT_LE(ls.median_rms_rel, 0.05);
+  EXPECT_GE(ls.frac_cos_099, 0.90);
+  EXPECT_GE(ls.top1, 0.85);
+  EXPECT_GT(st.gpu_uses, 0u);
+  EXPECT_GT(st.cpu_uses, 0u);
+  EXPECT_GT(st.promotions, 0u);
+  EXPECT_EQ(st.stalls, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, GpuTierCudaArch,
+                         ::testing::Values("tiny", "tiny-deepseek2", "tiny-gpt-oss", "tiny-mixtral", "tiny-deepseek4"));
 
 }  // namespace
 }  // namespace strata
