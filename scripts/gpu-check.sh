@@ -2,14 +2,16 @@
 # One command for a machine with an NVIDIA GPU (issue #7, docs/gpu.md): builds strata with the
 # CUDA library for sm_80, sm_86, sm_89, sm_90 and sm_120, runs the whole test suite there (the CUDA
 # kernel and backend tests among it: each kernel against the CPU, whole-model logits against the
-# fixtures), records what the driver reports, then benchmarks on a synthetic Qwen3-30B-A3B Q4_K_M:
-#  - the CUDA backend (the dense part on the GPU, routed experts on the CPU) against CPU only;
-#  - the GPU tier's expert split at VRAM budgets of 8 and 24 GiB (an RTX 5060 and an RTX 3090),
-#    which still runs on the simulated device (the VRAM expert cache is not on the real device
-#    yet), with the modelled times from this host's limits where `strata calibrate` finds them.
+# fixtures, the GPU tier's routed experts on the device against the CPU-only path), records what
+# the driver reports, then benchmarks on a synthetic Qwen3-30B-A3B Q4_K_M:
+#  - the real device at VRAM budgets of 8 and 24 GiB (an RTX 5060 and an RTX 3090): the dense
+#    part on the CUDA backend, the hottest routed experts in the VRAM cache on the GPU, the rest on
+#    this host's CPUs; against CPU only (budget 0);
+#  - the same budgets on the simulated device, whose modelled times (from this host's limits
+#    where `strata calibrate` finds them) are the cost model's view of the same split.
 # results.md says which figure is which. Everything goes under OUT_DIR; results.md there is the
 # summary to copy into bench/RESULTS.md. Meant to finish within about 10 minutes on a 16-core host
-# (each bench capped at 120 s; not yet timed on one).
+# with MODEL given (benches capped at 100 s on the device, 60 s simulated; not yet timed on one).
 #
 # Usage: scripts/gpu-check.sh OUT_DIR
 #   BUILD_DIR (default build-gpu), MODEL (a GGUF to reuse), CUDA_ARCHS (default "80;86;89;90;120";
@@ -70,20 +72,21 @@ if [ ! -f "$model" ]; then
 fi
 {
   echo
-  echo "## CUDA backend, Qwen3-30B-A3B Q4_K_M (synthetic), synthetic routing"
+  echo "## The GPU tier on the device, Qwen3-30B-A3B Q4_K_M (synthetic), synthetic routing"
   echo
-  echo "Dense part (attention, norms, routers, lm head) on the GPU with the reference-grade kernels,"
-  echo "activations copied per op; routed experts on this host's CPUs. Against the same run on the CPU alone."
+  echo "Dense part (attention, norms, routers, lm head) on the CUDA backend with the reference-grade kernels,"
+  echo "activations copied per op; the hottest routed experts from VRAM slots on the GPU, the rest on this host's"
+  echo "CPUs at the same time. Budget 0 is the CPU alone."
   echo
 } >> "$summary"
-for vram in 0 8GiB; do
+for vram in 0 8GiB 24GiB; do
   step "bench, budgets.vram = $vram (real device)"
-  timeout 120 "$build/src/strata" bench -m "$model" --set "budgets.vram=$vram" -p 256 -n 32 -r 1 \
-    --routing synthetic > "$out/bench-cuda-$vram.log" 2>&1
+  timeout 100 "$build/src/strata" bench -m "$model" --set "budgets.vram=$vram" --set gpu.max_promotions=64 \
+    -p 256 -n 64,32 -r 1 --routing synthetic > "$out/bench-cuda-$vram.log" 2>&1
   rc_bench=$?
   echo "### budgets.vram = $vram (bench exit status $rc_bench)" >> "$summary"
   [ $rc_bench -ne 0 ] && rc_tests=1
-  grep -E "^\||CUDA backend|budgets.vram" "$out/bench-cuda-$vram.log" >> "$summary" ||
+  grep -E "^\||CUDA|GPU tier|budgets.vram" "$out/bench-cuda-$vram.log" >> "$summary" ||
     echo "(no output: bench-cuda-$vram.log)" >> "$summary"
   echo >> "$summary"
 done
@@ -91,13 +94,13 @@ done
   echo
   echo "## GPU tier, Qwen3-30B-A3B Q4_K_M (synthetic), synthetic routing, simulated device"
   echo
-  echo "The VRAM expert cache runs on the simulated device, on this host's CPUs (not on the real GPU yet)."
-  echo "The split and the modelled times use this host's calibrated limits (calibrate.log)."
+  echo "The same budgets on the simulated device: every expert computed on this host's CPUs, the split and the"
+  echo "modelled times from this host's calibrated limits (calibrate.log), to set against the device's figures above."
   echo
 } >> "$summary"
 for budget in 8GiB 24GiB; do
   step "bench at $budget"
-  timeout 120 "$build/src/strata" bench -m "$model" --set gpu.simulate=true --set "budgets.vram=$budget" \
+  timeout 60 "$build/src/strata" bench -m "$model" --set gpu.simulate=true --set "budgets.vram=$budget" \
     --set gpu.max_promotions=64 -p 256 -n 96,32 -r 1 --routing synthetic > "$out/bench-$budget.log" 2>&1
   rc_bench=$?
   echo "### budgets.vram = $budget (bench exit status $rc_bench)" >> "$summary"

@@ -488,6 +488,73 @@ TEST(CudaKernels, GatherAndScatterAddRows) {
   for (void* p : {*ds, *dd, *di, *dsc, *dg}) gpu::device_free(p);
 }
 
+// The routers' rule on the device against route_topk on the same logits, per gating, with a
+// selection bias and grouped experts (DeepSeek's 8 groups, 4 kept), and Mixtral's plain top-2:
+// the same experts, weights within 1e-5 relative.
+TEST(CudaKernels, RouteMatchesTheHostRule) {
+  SKIP_WITHOUT_DEVICE();
+  struct Case {
+    Gating gating;
+    int n_exp, k, n_group, n_group_used;
+    bool bias, norm;
+    float scale;
+  };
+  const Case cases[] = {{Gating::softmax, 128, 8, 1, 1, false, true, 1.0f},
+                        {Gating::softmax, 8, 2, 1, 1, false, false, 1.0f},
+                        {Gating::sigmoid, 256, 8, 8, 4, true, true, 2.5f},
+                        {Gating::softmax_topk, 32, 4, 1, 1, false, false, 1.0f},
+                        {Gating::sqrt_softplus, 64, 6, 1, 1, true, true, 1.5f}};
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-4, 4);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(int(c.gating));
+    const int64_t n_tok = 13;
+    std::vector<float> z(size_t(n_tok * c.n_exp)), bias(size_t(c.n_exp));
+    for (float& x : z) x = u(rng);
+    for (float& x : bias) x = 0.1f * u(rng);
+    HParams hp;
+    hp.n_expert = c.n_exp;
+    hp.n_expert_used = c.k;
+    hp.gating = c.gating;
+    hp.n_group = c.n_group;
+    hp.n_group_used = c.n_group_used;
+    hp.norm_topk = c.norm;
+    hp.expert_weights_scale = c.scale;
+    LayerWeights l;
+    if (c.bias) l.exp_probs_b = Weight::f32(bias.data(), c.n_exp);
+    std::vector<int32_t> want_ids(size_t(n_tok * c.k)), got_ids(want_ids.size());
+    std::vector<float> want_w(want_ids.size()), got_w(want_ids.size());
+    std::vector<float> host = z;
+    route_topk(hp, l, host.data(), n_tok, nullptr, want_ids.data(), want_w.data());
+    gpu::RouteArgs a;
+    a.n_exp = c.n_exp;
+    a.k = c.k;
+    a.gating = int(c.gating);
+    a.n_group = c.n_group;
+    a.n_group_used = c.n_group_used;
+    a.norm_topk = c.norm;
+    a.scale = c.scale;
+    ASSERT_TRUE(gpu::cuda_route_supported(a));
+    auto dz = gpu::device_alloc(z.size() * 4), db = gpu::device_alloc(bias.size() * 4),
+         di = gpu::device_alloc(got_ids.size() * 4), dw = gpu::device_alloc(got_w.size() * 4);
+    ASSERT_TRUE(dz.ok() && db.ok() && di.ok() && dw.ok());
+    ASSERT_TRUE(gpu::copy_to_device(*dz, z.data(), z.size() * 4).ok());
+    ASSERT_TRUE(gpu::copy_to_device(*db, bias.data(), bias.size() * 4).ok());
+    ASSERT_TRUE(gpu::cuda_route(a, static_cast<float*>(*dz), c.bias ? static_cast<float*>(*db) : nullptr, n_tok,
+                                static_cast<int32_t*>(*di), static_cast<float*>(*dw))
+                    .ok());
+    ASSERT_TRUE(gpu::copy_to_host(got_ids.data(), *di, got_ids.size() * 4).ok());
+    ASSERT_TRUE(gpu::copy_to_host(got_w.data(), *dw, got_w.size() * 4).ok());
+    EXPECT_EQ(got_ids, want_ids);
+    for (size_t i = 0; i < got_w.size(); ++i) EXPECT_NEAR(got_w[i], want_w[i], 1e-5f * std::fabs(want_w[i]) + 1e-7f) << i;
+    for (void* p : {*dz, *db, *di, *dw}) gpu::device_free(p);
+  }
+  gpu::RouteArgs too_many;
+  too_many.n_exp = 2048;
+  too_many.k = 8;
+  EXPECT_FALSE(gpu::cuda_route_supported(too_many));
+}
+
 // The GPU tier on the CUDA device: a third of the experts fit in VRAM; decoding fills the slots,
 // those experts run on the GPU while the CPU computes the rest, and the logits stay within the
 // bounds of the quantized path of the CPU-only run.

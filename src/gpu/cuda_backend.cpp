@@ -122,6 +122,43 @@ bool CudaBackend::device_matmul(const Weight& w, const float* dx, int64_t n_tok,
   return dw != nullptr && fail(gpu::cuda_matmul(w.type, dw, w.n_out, w.n_in, w.row_bytes, dx, n_tok, dy));
 }
 
+void CudaBackend::route(const HParams& hp, const LayerWeights& l, const float* h, int64_t n_tok, int32_t* ids,
+                        float* weights) const {
+  std::lock_guard lock(mu_);
+  const int n_exp = hp.n_expert, k = hp.n_expert_used;
+  gpu::RouteArgs a;
+  a.n_exp = n_exp;
+  a.k = k;
+  a.gating = int(hp.gating);
+  a.n_group = hp.n_group;
+  a.n_group_used = hp.n_group_used;
+  a.norm_topk = hp.norm_topk;
+  a.scale = hp.expert_weights_scale;
+  // only the k choices per token come back, not the n_exp logits
+  const size_t h_bytes = size_t(n_tok * l.router.n_in) * sizeof(float), z_bytes = size_t(n_tok * n_exp) * sizeof(float);
+  const size_t out_bytes = size_t(n_tok * k) * sizeof(float);  // ids (int32), then weights
+  const uint8_t* rb = l.router_b ? device_weight(l.router_b) : nullptr;
+  const uint8_t* pb = l.exp_probs_b ? device_weight(l.exp_probs_b) : nullptr;
+  float* dh = scratch(0, h_bytes);
+  float* dz = scratch(1, z_bytes);
+  auto* dout = reinterpret_cast<uint8_t*>(scratch(2, 2 * out_bytes));
+  if (gpu::cuda_route_supported(a) && (!l.router_b || rb) && (!l.exp_probs_b || pb) && dh && dz && dout &&
+      to_device(dh, h, h_bytes) &&
+      device_matmul(l.router, dh, n_tok, dz) &&
+      fail(gpu::cuda_add_rows(dz, reinterpret_cast<const float*>(rb), n_tok, n_exp)) &&
+      fail(gpu::cuda_route(a, dz, reinterpret_cast<const float*>(pb), n_tok, reinterpret_cast<int32_t*>(dout),
+                           reinterpret_cast<float*>(dout + out_bytes))) &&
+      to_host(ids, dout, out_bytes) && to_host(weights, dout + out_bytes, out_bytes)) {
+    ++stats_.device_ops;
+    return;
+  }
+  ++stats_.host_ops;
+  std::vector<float> logits(size_t(n_tok * n_exp));
+  mm_.matmul(l.router, h, n_tok, logits.data());
+  add_bias(logits.data(), l.router_b, n_tok, n_exp);
+  route_topk(hp, l, logits.data(), n_tok, nullptr, ids, weights);
+}
+
 void CudaBackend::matmul(const Weight& w, const float* x, int64_t n_tok, float* y) const {
   const cpu::Matmul::MatmulOut out{&w, y};
   matmul_batch(std::span(&out, 1), x, n_tok);

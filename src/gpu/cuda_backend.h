@@ -37,6 +37,8 @@ class CudaBackend final : public Backend {
   const char* name() const override { return "cuda"; }
   const cpu::Matmul& host() const override { return mm_; }
 
+  void route(const HParams& hp, const LayerWeights& l, const float* h, int64_t n_tok, int32_t* ids,
+             float* weights) const override;
   void matmul(const Weight& w, const float* x, int64_t n_tok, float* y) const override;
   void matmul_batch(std::span<const cpu::Matmul::MatmulOut> outs, const float* x, int64_t n_tok) const override;
   void rms_norm_rows(const float* x, const Weight& w, int64_t n_tok, int64_t n, float eps, float* out) const override;

@@ -97,6 +97,21 @@ Status cuda_attention(const AttentionArgs& a, const float* q, const void* k, con
 Status cuda_attention_mla(int n_head, int kv_lora, int rope, float scale, const float* q, const float* rows,
                           int64_t n_tok, int64_t pos0, float* out);
 
+// The routers' rule (model/blocks.h route_topk) on logits [n_tok][n_exp] (device; overwritten):
+// gating 0 softmax, 1 sigmoid, 2 softmax over the chosen, 3 sqrt(softplus) (model.h Gating);
+// chosen by score + probs_bias (device, may be null), within the n_group_used best groups by
+// top-2 sum when n_group > 1; the k best with ties to the lower id; ids / weights [n_tok][k]
+// (device). One warp per token; n_exp up to 1024, k up to 32.
+struct RouteArgs {
+  int n_exp = 0, k = 0, gating = 0;
+  int n_group = 1, n_group_used = 1;
+  bool norm_topk = false;
+  float scale = 1.0f;
+};
+bool cuda_route_supported(const RouteArgs& a);
+Status cuda_route(const RouteArgs& a, float* logits, const float* probs_bias, int64_t n_tok, int32_t* ids,
+                  float* weights);
+
 // g[i] = act(g[i]) * u[i] for n elements: kind 0 silu, 1 gpt-oss's swiglu_oai (alpha, limit),
 // 2 silu with clamps (limit); model.h GluKind.
 Status cuda_glu(int kind, float alpha, float limit, float* g, const float* u, int64_t n);

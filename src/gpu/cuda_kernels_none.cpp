@@ -42,6 +42,8 @@ Status cuda_attention(const AttentionArgs&, const float*, const void*, const voi
 Status cuda_attention_mla(int, int, int, float, const float*, const float*, int64_t, int64_t, float*) {
   return not_built();
 }
+bool cuda_route_supported(const RouteArgs&) { return false; }
+Status cuda_route(const RouteArgs&, float*, const float*, int64_t, int32_t*, float*) { return not_built(); }
 Status cuda_glu(int, float, float, float*, const float*, int64_t) { return not_built(); }
 Status cuda_add_rows(float*, const float*, int64_t, int64_t) { return not_built(); }
 

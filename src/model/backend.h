@@ -5,8 +5,8 @@
 // Activations are float rows in host memory on every backend, and the KV cache is the host's
 // KvCache: a device backend copies an op's inputs in and its outputs out (the hidden state crosses
 // PCIe per op, not once per layer; device-resident activations and KV are the next step of #7,
-// docs/gpu.md). What a backend has no op for (deepseek4's compressors and indexer, the routers'
-// top-k, embedding rows) runs on the host in the forward pass itself, on the same rows.
+// docs/gpu.md). What a backend has no op for (deepseek4's compressors and indexer, hash-routed
+// layers' routing, embedding rows) runs on the host in the forward pass itself, on the same rows.
 // The routed experts are the MoE executor's (moe_ffn), which computes the CPU's share with host().
 #pragma once
 
@@ -42,6 +42,10 @@ class Backend {
   // to the CPU); its path (exact / quantized) is the backend's.
   virtual const cpu::Matmul& host() const = 0;
 
+  // The router of layer l on h [n_tok][n_embd] (its matmul and bias), then blocks.h
+  // route_topk's rule: ids / weights [n_tok][hp.n_expert_used]. Not for hash-routed layers.
+  virtual void route(const HParams& hp, const LayerWeights& l, const float* h, int64_t n_tok, int32_t* ids,
+                     float* weights) const = 0;
   // y[t] = W x[t]: x [n_tok][w.n_in], y [n_tok][w.n_out] (no aliasing).
   virtual void matmul(const Weight& w, const float* x, int64_t n_tok, float* y) const = 0;
   // Several matrices of the same input (q, k and v) in one dispatch.
@@ -76,6 +80,8 @@ class CpuBackend final : public Backend {
   const cpu::Matmul& host() const override { return mm_; }
   cpu::MatmulPath path() const { return mm_.path(); }
 
+  void route(const HParams& hp, const LayerWeights& l, const float* h, int64_t n_tok, int32_t* ids,
+             float* weights) const override;
   void matmul(const Weight& w, const float* x, int64_t n_tok, float* y) const override { mm_.matmul(w, x, n_tok, y); }
   void matmul_batch(std::span<const cpu::Matmul::MatmulOut> outs, const float* x, int64_t n_tok) const override {
     mm_.matmul_batch(outs, x, n_tok);

@@ -5,6 +5,14 @@
 
 namespace strata {
 
+void CpuBackend::route(const HParams& hp, const LayerWeights& l, const float* h, int64_t n_tok, int32_t* ids,
+                       float* weights) const {
+  std::vector<float> logits(size_t(n_tok) * size_t(hp.n_expert));
+  mm_.matmul(l.router, h, n_tok, logits.data());
+  add_bias(logits.data(), l.router_b, n_tok, hp.n_expert);
+  route_topk(hp, l, logits.data(), n_tok, nullptr, ids, weights);
+}
+
 void CpuBackend::rms_norm_rows(const float* x, const Weight& w, int64_t n_tok, int64_t n, float eps,
                                float* out) const {
   strata::rms_norm_rows(x, w, n_tok, n, eps, out);

@@ -34,19 +34,28 @@ void softmax_with_sink(float* x, int64_t n, float sink) {
 
 Routing route(const Backend& be, const HParams& hp, const LayerWeights& l, const float* h,
               int64_t n_tok, const int32_t* tokens) {
-  const int n_exp = hp.n_expert, k = hp.n_expert_used;
-  std::vector<float> logits(size_t(n_tok) * size_t(n_exp));
-  be.matmul(l.router, h, n_tok, logits.data());
-  add_bias(logits.data(), l.router_b, n_tok, n_exp);
-
   Routing r;
-  r.k = k;
-  r.ids.resize(size_t(n_tok) * size_t(k));
-  r.weights.resize(size_t(n_tok) * size_t(k));
+  r.k = hp.n_expert_used;
+  r.ids.resize(size_t(n_tok) * size_t(r.k));
+  r.weights.resize(size_t(n_tok) * size_t(r.k));
+  if (!l.tid2eid) {
+    be.route(hp, l, h, n_tok, r.ids.data(), r.weights.data());
+    return r;
+  }
+  std::vector<float> logits(size_t(n_tok) * size_t(hp.n_expert));
+  be.matmul(l.router, h, n_tok, logits.data());
+  add_bias(logits.data(), l.router_b, n_tok, hp.n_expert);
+  route_topk(hp, l, logits.data(), n_tok, tokens, r.ids.data(), r.weights.data());
+  return r;
+}
+
+void route_topk(const HParams& hp, const LayerWeights& l, float* logits, int64_t n_tok, const int32_t* tokens,
+                int32_t* ids, float* weights) {
+  const int n_exp = hp.n_expert, k = hp.n_expert_used;
   std::vector<float> prob(n_exp), select(n_exp), chosen(k);
   std::vector<int> order(n_exp);
   for (int64_t t = 0; t < n_tok; ++t) {
-    float* z = logits.data() + t * n_exp;
+    float* z = logits + t * n_exp;
     // prob: what the chosen experts are weighted by; select: what they are chosen by
     switch (hp.gating) {
       case Gating::softmax:
@@ -102,11 +111,10 @@ Routing route(const Backend& be, const HParams& hp, const LayerWeights& l, const
     for (int j = 0; j < k; ++j) {
       float w = chosen[size_t(j)];
       if (hp.norm_topk) w /= sum;
-      r.ids[size_t(t * k + j)] = order[size_t(j)];
-      r.weights[size_t(t * k + j)] = w * hp.expert_weights_scale;
+      ids[size_t(t * k + j)] = order[size_t(j)];
+      weights[size_t(t * k + j)] = w * hp.expert_weights_scale;
     }
   }
-  return r;
 }
 
 namespace {

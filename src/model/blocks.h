@@ -39,8 +39,17 @@ std::vector<int32_t> experts_by_rank(std::span<const int32_t> ids, int64_t n_tok
 // Router of layer `l` (plus its bias, if any) applied to h [n_tok][n_embd] with the architecture's
 // gating rule (hp.gating). A hash-routed layer (l.tid2eid, deepseek4) takes its experts from the
 // table row of each token's id in `tokens` instead, weighted by the router's scores.
+// Backend::route computes the rest (the router on the backend's device, then route_topk's rule).
 Routing route(const Backend& be, const HParams& hp, const LayerWeights& l, const float* h,
               int64_t n_tok, const int32_t* tokens = nullptr);
+// The rule on router logits [n_tok][n_expert] (with the router's bias; overwritten): the gating's
+// scores (hp.gating) chosen by score + l.exp_probs_b, within the n_group_used best groups (by
+// their top-2 sum) when the experts are grouped, the k best (ties to the lower id; the table row
+// of tokens[t] for a hash-routed layer), weighted by their scores (a softmax over the chosen for
+// softmax_topk; normalised with hp.norm_topk; times hp.expert_weights_scale): ids / weights
+// [n_tok][k].
+void route_topk(const HParams& hp, const LayerWeights& l, float* logits, int64_t n_tok, const int32_t* tokens,
+                int32_t* ids, float* weights);
 
 // out[t] = sum_j weights[t][j] * expert_{ids[t][j]}(h[t]) for SwiGLU experts stacked in
 // gate/up/down (with the expert biases of `l`, if any, and activation `glu`). Tokens are grouped by

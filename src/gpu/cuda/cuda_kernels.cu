@@ -289,6 +289,109 @@ __global__ void scatter_add_rows_kernel(float* dst, const int32_t* rows, const f
   if (i < n * width) dst[int64_t(rows[i / width]) * width + i % width] += scale[i / width] * src[i];
 }
 
+constexpr int kMaxRouteExperts = 1024, kMaxRouteK = 32;
+
+// One warp per token: prob (the weights' scores) and sel (the choosing scores) in shared memory.
+__global__ void route_kernel(RouteArgs a, float* logits, const float* bias, int64_t n_tok, int32_t* ids,
+                             float* weights) {
+  __shared__ float prob[kMaxRouteExperts], sel[kMaxRouteExperts];
+  __shared__ unsigned char taken[kMaxRouteExperts];
+  __shared__ int chosen[kMaxRouteK];
+  const int64_t t = blockIdx.x;
+  const int lane = threadIdx.x, n = a.n_exp;
+  const float* z = logits + t * n;
+  float mx = -INFINITY;
+  for (int e = lane; e < n; e += 32) mx = fmaxf(mx, z[e]);
+  for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  float sum = 0;
+  for (int e = lane; e < n; e += 32) {
+    float p = z[e];
+    switch (a.gating) {
+      case 0: p = expf(z[e] - mx); sum += p; break;
+      case 1: p = 1.0f / (1.0f + expf(-z[e])); break;
+      case 3: p = sqrtf(z[e] > 20.0f ? z[e] : log1pf(expf(z[e]))); break;
+      default: break;
+    }
+    prob[e] = p;
+    taken[e] = 0;
+  }
+  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  for (int e = lane; e < n; e += 32) {
+    if (a.gating == 0) prob[e] /= sum;
+    sel[e] = prob[e] + (bias != nullptr ? bias[e] : 0.0f);
+  }
+  __syncwarp();
+  if (lane == 0 && a.n_group > 1 && a.n_group_used < a.n_group) {
+    // the groups' top-2 sums; keep the n_group_used best (ties to the lower group)
+    const int per = n / a.n_group;
+    float score[64];
+    for (int g = 0; g < a.n_group; ++g) {
+      float b0 = -INFINITY, b1 = -INFINITY;
+      for (int e = g * per; e < (g + 1) * per; ++e) {
+        const float v = sel[e];
+        if (v > b0) {
+          b1 = b0;
+          b0 = v;
+        } else if (v > b1) {
+          b1 = v;
+        }
+      }
+      score[g] = b0 + (per > 1 ? b1 : 0.0f);
+    }
+    unsigned long long keep = 0;
+    for (int i = 0; i < a.n_group_used; ++i) {
+      int best = -1;
+      for (int g = 0; g < a.n_group; ++g)
+        if (!(keep >> g & 1ull) && (best < 0 || score[g] > score[best])) best = g;
+      keep |= 1ull << best;
+    }
+    for (int g = 0; g < a.n_group; ++g)
+      if (!(keep >> g & 1ull))
+        for (int e = g * per; e < (g + 1) * per; ++e) sel[e] = -INFINITY;
+  }
+  __syncwarp();
+  // the k best, one per round: each lane's best, then the warp's (ties to the lower id)
+  for (int j = 0; j < a.k; ++j) {
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int e = lane; e < n; e += 32)
+      if (!taken[e] && (sel[e] > bv || (sel[e] == bv && e < bi))) {
+        bv = sel[e];
+        bi = e;
+      }
+    for (int o = 16; o > 0; o /= 2) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    if (lane == 0) {
+      chosen[j] = bi;
+      taken[bi] = 1;
+    }
+    __syncwarp();
+  }
+  if (lane != 0) return;
+  float w[kMaxRouteK], total = 0;
+  float wmax = -INFINITY;
+  for (int j = 0; j < a.k; ++j) {
+    w[j] = prob[chosen[j]];
+    wmax = fmaxf(wmax, w[j]);
+  }
+  if (a.gating == 2) {  // a softmax over the chosen
+    float s = 0;
+    for (int j = 0; j < a.k; ++j) s += (w[j] = expf(w[j] - wmax));
+    for (int j = 0; j < a.k; ++j) w[j] /= s;
+  }
+  for (int j = 0; j < a.k; ++j) total += w[j];
+  for (int j = 0; j < a.k; ++j) {
+    ids[t * a.k + j] = chosen[j];
+    weights[t * a.k + j] = (a.norm_topk ? w[j] / total : w[j]) * a.scale;
+  }
+}
+
 Status cuda_error(const char* what, cudaError_t e) {
   return Error{std::string("CUDA ") + what + ": " + cudaGetErrorString(e)};
 }
@@ -492,6 +595,23 @@ Status cuda_attention_mla(int n_head, int kv_lora, int rope, float scale, const 
   attention_mla_kernel<<<blocks_for(warps, kWarps), 32 * kWarps>>>(n_head, kv_lora, kv_lora + rope, scale, q, rows,
                                                                    n_tok, pos0, out);
   return launched("attention_mla");
+}
+
+bool cuda_route_supported(const RouteArgs& a) {
+  return a.n_exp > 0 && a.n_exp <= kMaxRouteExperts && a.k > 0 && a.k <= kMaxRouteK && a.k <= a.n_exp &&
+         a.gating >= 0 && a.gating <= 3 &&
+         (a.n_group <= 1 || (a.n_group <= 64 && a.n_exp % a.n_group == 0 && a.n_group_used >= 1));
+}
+
+Status cuda_route(const RouteArgs& a, float* logits, const float* probs_bias, int64_t n_tok, int32_t* ids,
+                  float* weights) {
+  if (!cuda_route_supported(a))
+    return Error{"CUDA route: " + std::to_string(a.n_exp) + " experts, top-" + std::to_string(a.k) + " in " +
+                 std::to_string(a.n_group) + " groups (the kernel takes up to " + std::to_string(kMaxRouteExperts) +
+                 " experts, top-" + std::to_string(kMaxRouteK) + ", 64 groups)"};
+  if (n_tok == 0) return {};
+  route_kernel<<<unsigned(n_tok), 32>>>(a, logits, probs_bias, n_tok, ids, weights);
+  return launched("route");
 }
 
 Status cuda_glu(int kind, float alpha, float limit, float* g, const float* u, int64_t n) {
