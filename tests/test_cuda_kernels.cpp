@@ -127,6 +127,7 @@ struct Dev {
 
 TEST(CudaKernels, MatmulMatchesTheCpuReferencePerFormat) {
   SKIP_WITHOUT_DEVICE();
+  std::printf("  large batches: %s\n", gpu::cuda_gemm_library().c_str());
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
@@ -134,7 +135,8 @@ TEST(CudaKernels, MatmulMatchesTheCpuReferencePerFormat) {
   const int64_t rows = 37, cols = 1024;
   for (GgmlType type :
        {GgmlType::f32, GgmlType::bf16, GgmlType::q8_0, GgmlType::q4_k, GgmlType::q6_k, GgmlType::mxfp4}) {
-    for (int64_t n_tok : {1, 11}) {  // one token, and a batch that is not a multiple of the kernel's 8
+    // one token, a batch that is not a multiple of the kernel's 8, and one for cuBLAS (when loaded)
+    for (int64_t n_tok : {1, 11, 70}) {
       SCOPED_TRACE(std::string(ggml_type_name(type)) + " tokens " + std::to_string(n_tok));
       ASSERT_TRUE(gpu::cuda_has_matmul(type));
       const size_t row_bytes = ggml_row_bytes(type, cols);

@@ -10,6 +10,7 @@
 #include "cpu/calibrate.h"
 #include "cpu/thread_pool.h"
 #include "gpu/cuda_backend.h"
+#include "gpu/cuda_kernels.h"
 #include "gpu/gpu_devices.h"
 #include "gpu/gpu_tier.h"
 #include "storage/expert_store.h"
@@ -160,7 +161,7 @@ Result<Loaded> load_model(const CommonOptions& o, const char* cmd) {
     auto be = CudaBackend::create((*m)->gpu_tier ? GpuTier::fixed_bytes(**m) : c.vram_budget);
     if (!be) return Error{"config " + c.source + ": budgets.vram: " + be.error().message};
     (*m)->backend = std::move(*be);
-    how += ", dense part on the CUDA backend";
+    how += ", dense part on the CUDA backend (large batches: " + gpu::cuda_gemm_library() + ")";
   }
   {
     std::string skipped;

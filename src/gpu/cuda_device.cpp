@@ -71,8 +71,7 @@ Result<Device::Buffer> CudaDevice::alloc(uint64_t bytes, bool backed) {
 
 void CudaDevice::free(Buffer& b) {
   STRATA_CHECK(b.id >= 0 && size_t(b.id) < memory_.size() && live_[size_t(b.id)], "CudaDevice: bad free");
-  // a slot is freed only after the kernels reading it: the caller waited for them (GpuTier
-  // synchronizes each layer's device share before it returns)
+  // cudaFree waits for the device: kernels reading the buffer, and a copy into it, are done first
   device_free(memory_[size_t(b.id)]);
   memory_[size_t(b.id)] = nullptr;
   live_[size_t(b.id)] = false;
@@ -90,6 +89,11 @@ int CudaDevice::new_event() {
   auto e = event_create();
   events_.push_back(check(e.ok() ? Status{} : Status(e.error())) ? *e : nullptr);
   return int(events_.size()) - 1;
+}
+
+void CudaDevice::free_event(int event) {
+  event_destroy(events_[size_t(event)]);
+  events_[size_t(event)] = nullptr;
 }
 
 void CudaDevice::record_event(int event, int stream) {

@@ -34,6 +34,7 @@ class CudaDevice final : public Device {
   int compute_stream() override { return 0; }
   int new_stream() override;
   int new_event() override;
+  void free_event(int event) override;
   void record_event(int event, int stream) override;
   void wait_event(int stream, int event) override;
   bool event_done(int event, int stream) const override;

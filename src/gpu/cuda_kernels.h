@@ -3,7 +3,8 @@
 // (cuda_kernels_none.cpp) get errors that say so.
 //
 // Every kernel is reference-grade (correct first; fast kernels are the next step of #7): one warp
-// per output row of a matmul, weights dequantized in the kernel from the file's block layout
+// per output row of a matmul (from 64 tokens, the weight dequantized to floats and cuBLAS's SGEMM
+// when libcublas can be loaded), weights dequantized in the kernel from the file's block layout
 // (F32, BF16, Q8_0, Q4_K, Q6_K, MXFP4), float accumulation; one warp per (token, head) of attention with
 // an online softmax (GQA and MLA). Kernels run in order on one stream; copy_to_host waits for them. A launch
 // error is returned by the call that launched it, an execution error by the next copy.
@@ -11,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "base/error.h"
 #include "model/ggml_type.h"
@@ -53,6 +55,10 @@ Status memset_async(void* dst, int value, size_t bytes, void* stream);
 Status cuda_gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t width, float* dst);
 Status cuda_scatter_add_rows(float* dst, const int32_t* rows, const float* scale, int64_t n, int64_t width,
                              const float* src);
+
+// What cuda_matmul uses for large batches: "cuBLAS (libcublas.so.13) from 64 tokens", or "none
+// (...)" when libcublas cannot be loaded (strata's kernel then takes every batch).
+std::string cuda_gemm_library();
 
 // Whether cuda_matmul has a kernel for weights of `type`.
 bool cuda_has_matmul(GgmlType type);

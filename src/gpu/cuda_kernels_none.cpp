@@ -30,6 +30,7 @@ Status cuda_gather_rows(const float*, const int32_t*, int64_t, int64_t, float*) 
 Status cuda_scatter_add_rows(float*, const int32_t*, const float*, int64_t, int64_t, const float*) {
   return not_built();
 }
+std::string cuda_gemm_library() { return "none (built without CUDA)"; }
 bool cuda_has_matmul(GgmlType) { return false; }
 Status cuda_matmul(GgmlType, const uint8_t*, int64_t, int64_t, size_t, const float*, int64_t, float*) {
   return not_built();

@@ -41,6 +41,7 @@ class Device {
   // says whether that work has completed by the time the stream's next work would start
   // (simulated) or now (CUDA). An event never recorded is done.
   virtual int new_event() = 0;
+  virtual void free_event(int event) = 0;
   virtual void record_event(int event, int stream) = 0;
   virtual void wait_event(int stream, int event) = 0;
   virtual bool event_done(int event, int stream) const = 0;

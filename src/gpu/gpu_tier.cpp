@@ -61,6 +61,19 @@ Result<std::unique_ptr<GpuTier>> GpuTier::create_cuda(const Model& m, const Opti
   if (!t) return t.error();
   (*t)->cuda_ = cuda;
   (*t)->done_event_ = cuda->new_event();
+  std::string no_kernel;
+  for (const LayerWeights& l : m.layers) {
+    bool ok = l.is_moe();
+    for (const Weight* w : {&l.gate_exps, &l.up_exps, &l.down_exps})
+      if (ok && !gpu::cuda_has_matmul(w->type)) {
+        ok = false;
+        if (no_kernel.empty()) no_kernel = ggml_type_name(w->type);
+      }
+    (*t)->gpu_layer_.push_back(ok);
+  }
+  if (!no_kernel.empty())
+    std::fprintf(stderr, "strata: GPU tier: routed experts of type %s have no CUDA kernel; their layers' experts "
+                 "stay on the CPU\n", no_kernel.c_str());
   if (!cuda->error().empty()) return Error{"GPU tier: " + cuda->error()};
   return t;
 }
@@ -105,7 +118,9 @@ gpu::SimDevice& GpuTier::device() {
   return *sim_;
 }
 
-void GpuTier::observe(int layer, std::span<const int32_t> ids) { cache_->observe(layer, ids); }
+void GpuTier::observe(int layer, std::span<const int32_t> ids) {
+  if (cuda_ == nullptr || gpu_layer_[size_t(layer)]) cache_->observe(layer, ids);  // no slots for CPU-only layers
+}
 
 std::vector<GpuTier::Assignment> GpuTier::place(const LayerWeights& l, int layer, std::span<const int32_t> experts,
                                                 std::span<const int64_t> n_tok) {
@@ -120,9 +135,12 @@ std::vector<GpuTier::Assignment> GpuTier::place(const LayerWeights& l, int layer
     jobs[i] = {.expert = experts[i], .n_tok = n_tok[i], .resident = slots[i] >= 0, .bytes = bytes, .params = params};
   }
   LayerPlacement p = place_experts(jobs, o_.costs);
-  if (cuda_ != nullptr)  // a real device after an error, or without staging slots for shipped experts
+  // on a real device: all on the CPU after an error or where the GPU has no kernel for the
+  // layer's expert types; shipping needs the staging slots
+  if (cuda_ != nullptr)
     for (ExpertSite& site : p.site)
-      if (!cuda_->error().empty() || (site == ExpertSite::ship && ship_[1].id < 0)) site = ExpertSite::cpu;
+      if (!cuda_->error().empty() || !gpu_layer_[size_t(layer)] || (site == ExpertSite::ship && ship_[1].id < 0))
+        site = ExpertSite::cpu;
   counts_.model_cpu_s += p.cpu_s;
   counts_.model_gpu_s += p.gpu_s;
   counts_.model_copy_s += p.copy_s;
@@ -320,7 +338,7 @@ void* GpuTier::scratch(int i, size_t bytes) {
     gpu::device_free(s.p);
     s = {};
     auto p = gpu::device_alloc(std::max(bytes, size_t(1) << 20));
-    if (!cuda_->check(p.ok() ? Status{} : Status(p.error()))) return nullptr;
+    if (!p) return nullptr;  // out of device memory: this layer's share goes to the CPU
     s = {*p, std::max(bytes, size_t(1) << 20)};
   }
   return s.p;
@@ -331,7 +349,7 @@ bool GpuTier::pinned(Scratch& s, size_t bytes) {
   gpu::pinned_free(s.p);
   s = {};
   auto p = gpu::pinned_alloc(std::max(bytes, size_t(1) << 20));
-  if (!cuda_->check(p.ok() ? Status{} : Status(p.error()))) return false;
+  if (!p) return false;  // no pinned memory: this layer's share goes to the CPU
   s = {*p, std::max(bytes, size_t(1) << 20)};
   return true;
 }
@@ -340,7 +358,7 @@ const float* GpuTier::device_bias(const Weight& b) {
   if (auto it = biases_.find(b.data); it != biases_.end()) return static_cast<const float*>(it->second);
   const size_t bytes = b.mat_bytes() * size_t(b.n_mat);
   auto p = gpu::device_alloc(bytes);
-  if (!cuda_->check(p.ok() ? Status{} : Status(p.error()))) return nullptr;
+  if (!p) return nullptr;  // out of device memory: this layer's share goes to the CPU
   if (!cuda_->check(gpu::copy_to_device(*p, b.data, bytes))) {
     gpu::device_free(*p);
     return nullptr;

@@ -141,6 +141,7 @@ class GpuTier {
   std::unique_ptr<gpu::Device> dev_;
   gpu::SimDevice* sim_ = nullptr;    // dev_ when simulated
   gpu::CudaDevice* cuda_ = nullptr;  // dev_ on a GPU
+  std::vector<bool> gpu_layer_;      // CUDA: [layer] a MoE layer whose expert types have kernels
   // CUDA: the device share's buffers (device, and pinned host), grown as needed
   struct Scratch {
     void* p = nullptr;

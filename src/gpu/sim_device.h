@@ -41,6 +41,7 @@ class SimDevice final : public Device {
   int compute_stream() override;
   // Events (device.h) are times on the timeline.
   int new_event() override;
+  void free_event(int) override {}  // a time: nothing to free
   void record_event(int event, int stream) override { events_[size_t(event)] = record(stream); }
   void wait_event(int stream, int event) override { wait(stream, events_[size_t(event)]); }
   // Done when it ends by the time the stream's next work starts (not before the host's time).

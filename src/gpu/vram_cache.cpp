@@ -72,6 +72,8 @@ void VramExpertCache::drop_slot(size_t i) {
     ++evictions_;
   }
   dev_.free(s.buf);
+  dev_.free_event(s.ready);
+  dev_.free_event(s.last_read);
   slots_.erase(slots_.begin() + long(i));
   for (int& w : where_)  // slots after i moved down by one
     if (w > int(i)) --w;

@@ -1,9 +1,12 @@
 // CUDA kernels (gpu/cuda_kernels.h). Block layouts as ggml's (src/cpu/quant_blocks.h is the host
 // side's description): Q8_0 {fp16 d; int8 q[32]}, Q4_K {fp16 d, dmin; uint8 scales[12];
 // uint8 q[128]} per 256, Q6_K (below), MXFP4 {uint8 e8m0; uint8 q[16]} per 32.
+#include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
+#include <mutex>
 #include <string>
 
 #include "gpu/cuda_kernels.h"
@@ -114,6 +117,14 @@ __global__ void matmul_kernel(const uint8_t* w, size_t row_bytes, int64_t n_rows
     for (int o = 16; o > 0; o /= 2) v += __shfl_down_sync(0xffffffffu, v, o);
     if (lane == 0 && t < nt) y[(t0 + t) * n_rows + r] = v;
   }
+}
+
+// The whole matrix as floats, for cuBLAS: one thread per element.
+template <int kType>
+__global__ void dequantize_kernel(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t n_cols, float* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_rows * n_cols) return;
+  out[i] = element<kType>(w + size_t(i / n_cols) * row_bytes, i % n_cols);
 }
 
 // One block of 256 threads per row: the sum of squares in double (as the CPU's rms_norm).
@@ -316,8 +327,9 @@ __global__ void route_kernel(RouteArgs a, float* logits, const float* bias, int6
     taken[e] = 0;
   }
   for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  const float inv = 1.0f / sum;  // as cpu::softmax
   for (int e = lane; e < n; e += 32) {
-    if (a.gating == 0) prob[e] /= sum;
+    if (a.gating == 0) prob[e] *= inv;
     sel[e] = prob[e] + (bias != nullptr ? bias[e] : 0.0f);
   }
   __syncwarp();
@@ -367,6 +379,12 @@ __global__ void route_kernel(RouteArgs a, float* logits, const float* bias, int6
         bi = oi;
       }
     }
+    if (bi == 0x7fffffff) {  // only NaN scores left: the lowest untaken id
+      bi = n;
+      for (int e = lane; e < n; e += 32)
+        if (!taken[e]) bi = min(bi, e);
+      for (int o = 16; o > 0; o /= 2) bi = min(bi, __shfl_xor_sync(0xffffffffu, bi, o));
+    }
     if (lane == 0) {
       chosen[j] = bi;
       taken[bi] = 1;
@@ -383,7 +401,8 @@ __global__ void route_kernel(RouteArgs a, float* logits, const float* bias, int6
   if (a.gating == 2) {  // a softmax over the chosen
     float s = 0;
     for (int j = 0; j < a.k; ++j) s += (w[j] = expf(w[j] - wmax));
-    for (int j = 0; j < a.k; ++j) w[j] /= s;
+    const float inv_s = 1.0f / s;
+    for (int j = 0; j < a.k; ++j) w[j] *= inv_s;
   }
   for (int j = 0; j < a.k; ++j) total += w[j];
   for (int j = 0; j < a.k; ++j) {
@@ -428,7 +447,10 @@ bool cuda_usable() {
 Result<void*> device_alloc(size_t bytes) {
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
-  if (e != cudaSuccess) return cuda_error(("allocating " + std::to_string(bytes) + " bytes").c_str(), e).error();
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // out of memory is this call's answer, not the next launch's error
+    return cuda_error(("allocating " + std::to_string(bytes) + " bytes").c_str(), e).error();
+  }
   return p;
 }
 
@@ -498,7 +520,10 @@ Status event_synchronize(void* event) {
 Result<void*> pinned_alloc(size_t bytes) {
   void* p = nullptr;
   const cudaError_t e = cudaMallocHost(&p, bytes == 0 ? 1 : bytes);
-  if (e != cudaSuccess) return cuda_error(("pinning " + std::to_string(bytes) + " bytes").c_str(), e).error();
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return cuda_error(("pinning " + std::to_string(bytes) + " bytes").c_str(), e).error();
+  }
   return p;
 }
 
@@ -534,6 +559,95 @@ Status cuda_scatter_add_rows(float* dst, const int32_t* rows, const float* scale
   return launched("scatter_add_rows");
 }
 
+namespace {
+
+// ---- cuBLAS for large batches ----
+// Loaded at run time (dlopen of libcublas.so), so a strata built with CUDA still starts where the
+// toolkit's libraries are missing: the matmul then stays on its own kernel. From kCublasTokens
+// tokens, cuda_matmul dequantizes the weight to floats once and runs cuBLAS's SGEMM (full FP32),
+// instead of dequantizing every element once per 8 tokens. The threshold is a guess: no session
+// has had a GPU to measure the break-even.
+constexpr int64_t kCublasTokens = 64;
+
+struct Cublas {
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasSgemm_v2) sgemm = nullptr;
+  cublasHandle_t handle = nullptr;
+  float* scratch = nullptr;  // the dequantized weight
+  size_t scratch_floats = 0;
+  std::string name;  // the library loaded ("" : none)
+  std::mutex mu;
+};
+
+Cublas& cublas() {
+  static Cublas* c = [] {
+    auto* b = new Cublas;
+    const std::string names[] = {"libcublas.so." + std::to_string(CUBLAS_VER_MAJOR), "libcublas.so"};
+    for (const std::string& n : names) {
+      void* lib = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (lib == nullptr) continue;
+      b->create = reinterpret_cast<decltype(&cublasCreate_v2)>(dlsym(lib, "cublasCreate_v2"));
+      b->sgemm = reinterpret_cast<decltype(&cublasSgemm_v2)>(dlsym(lib, "cublasSgemm_v2"));
+      if (b->create != nullptr && b->sgemm != nullptr && b->create(&b->handle) == CUBLAS_STATUS_SUCCESS) {
+        b->name = n;
+        break;
+      }
+      b->handle = nullptr;
+      dlclose(lib);
+    }
+    return b;
+  }();
+  return *c;
+}
+
+using DequantizeKernel = void (*)(const uint8_t*, size_t, int64_t, int64_t, float*);
+DequantizeKernel dequantize_kernel_for(GgmlType type) {
+  switch (type) {
+    case GgmlType::f32: return dequantize_kernel<int(GgmlType::f32)>;
+    case GgmlType::bf16: return dequantize_kernel<int(GgmlType::bf16)>;
+    case GgmlType::q8_0: return dequantize_kernel<int(GgmlType::q8_0)>;
+    case GgmlType::q4_k: return dequantize_kernel<int(GgmlType::q4_k)>;
+    case GgmlType::q6_k: return dequantize_kernel<int(GgmlType::q6_k)>;
+    case GgmlType::mxfp4: return dequantize_kernel<int(GgmlType::mxfp4)>;
+    default: return nullptr;
+  }
+}
+
+// y = W x through cuBLAS; false when it is not loaded or fails (the caller runs its own kernel).
+bool cublas_matmul(GgmlType type, const uint8_t* w, int64_t n_rows, int64_t n_cols, size_t row_bytes, const float* x,
+                   int64_t n_tok, float* y) {
+  Cublas& c = cublas();
+  const DequantizeKernel dq = dequantize_kernel_for(type);
+  if (c.handle == nullptr || dq == nullptr || n_rows > INT32_MAX || n_cols > INT32_MAX || n_tok > INT32_MAX) return false;
+  std::lock_guard lock(c.mu);  // one scratch
+  const size_t n = size_t(n_rows * n_cols);
+  if (c.scratch_floats < n) {
+    cudaFree(c.scratch);  // waits for the kernels that read it
+    c.scratch = nullptr;
+    c.scratch_floats = 0;
+    if (cudaMalloc(&c.scratch, n * sizeof(float)) != cudaSuccess) {
+      cudaGetLastError();  // out of memory here is not an error of the device: the kernel runs instead
+      return false;
+    }
+    c.scratch_floats = n;
+  }
+  dq<<<unsigned((n + 255) / 256), 256>>>(w, row_bytes, n_rows, n_cols, c.scratch);
+  if (cudaGetLastError() != cudaSuccess) return false;
+  // row-major W [n_rows][n_cols], x [n_tok][n_cols], y [n_tok][n_rows] are, column-major,
+  // W^T (n_cols x n_rows), x^T and y^T: y^T = (W^T)^T x^T
+  const float one = 1.0f, zero = 0.0f;
+  return c.sgemm(c.handle, CUBLAS_OP_T, CUBLAS_OP_N, int(n_rows), int(n_tok), int(n_cols), &one, c.scratch,
+                 int(n_cols), x, int(n_cols), &zero, y, int(n_rows)) == CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+std::string cuda_gemm_library() {
+  const Cublas& c = cublas();
+  return c.handle != nullptr ? "cuBLAS (" + c.name + ") from " + std::to_string(kCublasTokens) + " tokens"
+                             : "none (libcublas not found: every matmul on strata's kernel)";
+}
+
 bool cuda_has_matmul(GgmlType type) {
   int64_t block = 0, bytes = 0;
   return matmul_kernel_for(type, &block, &bytes) != nullptr;
@@ -549,6 +663,7 @@ Status cuda_matmul(GgmlType type, const uint8_t* w, int64_t n_rows, int64_t n_co
     return Error{"CUDA matmul: " + std::to_string(n_cols) + " columns in rows of " + std::to_string(row_bytes) +
                  " bytes do not make whole blocks of the type"};
   if (n_rows == 0 || n_tok == 0) return {};
+  if (n_tok >= kCublasTokens && cublas_matmul(type, w, n_rows, n_cols, row_bytes, x, n_tok, y)) return {};
   constexpr int kWarps = 4;
   const dim3 grid(blocks_for(n_rows, kWarps), unsigned((n_tok + kTok - 1) / kTok));
   k<<<grid, 32 * kWarps>>>(w, row_bytes, n_rows, n_cols, x, n_tok, y);
