@@ -250,7 +250,7 @@ TEST(Config, BudgetsAgainstTheMachineAndTheModel) {
   ASSERT_TRUE(r);
   ASSERT_EQ(r->notes.size(), 1u);
   EXPECT_NE(r->notes[0].find("CUDA backend"), std::string::npos) << r->notes[0];
-  EXPECT_NE(r->notes[0].find("routed experts stay on the CPU"), std::string::npos) << r->notes[0];
+  EXPECT_NE(r->notes[0].find("hottest routed experts in a VRAM cache"), std::string::npos) << r->notes[0];
 }
 
 TEST(Config, CalibrationCacheRoundTrip) {

@@ -400,8 +400,8 @@ Result<BudgetCheck> check_budgets(const Config& c, const ModelSummary& s, uint64
     } else {
       out.notes.push_back("budgets.vram: " + format_size(c.vram_budget) +
                           " on the GPU: the dense part (attention, norms, routers, dense and shared FFNs, lm head) "
-                          "runs on the CUDA backend; routed experts stay on the CPU (the VRAM expert cache runs on "
-                          "the simulated device only so far, docs/gpu.md)");
+                          "runs on the CUDA backend, and the hottest routed experts in a VRAM cache beside it; the "
+                          "rest of the experts run on the CPU at the same time (docs/gpu.md)");
     }
   }
   const uint64_t fixed = s.n_bytes - s.expert_bytes_total;  // read by every token
