@@ -421,6 +421,59 @@ TEST(CudaBackend, FixtureLogitsOfEveryArchitecture) {
     }
 }
 
+// The KV mirror (CudaBackend): attention copies in only the rows from pos0 on, and stays right
+// across appends, a rewind that rewrites rows, a re-initialised cache and a released one.
+TEST(CudaBackend, KvMirrorFollowsAppendsRewindsAndNewCaches) {
+  SKIP_WITHOUT_DEVICE();
+  auto be = CudaBackend::create(uint64_t(1) << 30, cpu::MatmulPath::exact);
+  ASSERT_TRUE(be.ok()) << be.error().message;
+  const CudaBackend& g = **be;
+  const CpuBackend c(cpu::MatmulPath::exact);
+  std::mt19937 rng(21);
+  std::normal_distribution<float> nd;
+  const int H = 4, HKV = 2, D = 64, ctx = 96;
+  const int64_t kb = KvCache::kKeyBlock;
+  KvCache cache;
+  cache.init_key_blocks(1, ctx, HKV, D, HKV * D, KvType::f16);
+  auto write = [&](int64_t from, int64_t to) {
+    for (int64_t pos = from; pos < to; ++pos)
+      for (int hk = 0; hk < HKV; ++hk)
+        for (int d = 0; d < D; ++d) {
+          cache.k_block16(0, hk, pos / kb)[d * kb + pos % kb] = f32_to_fp16(nd(rng));
+          cache.v_head16(0, hk)[pos * D + d] = f32_to_fp16(nd(rng));
+        }
+  };
+  const AttentionParams p{.n_head = H, .n_head_kv = HKV, .head_dim_k = D, .head_dim_v = D, .scale = 0.125f};
+  auto check = [&](int64_t pos0, int64_t n_tok, const char* what) {
+    SCOPED_TRACE(what);
+    const std::vector<float> q = randn(rng, size_t(n_tok * H * D));
+    std::vector<float> a(size_t(n_tok * H * D)), b(a.size());
+    const uint64_t before = g.stats().h2d_bytes;
+    g.attention_gqa(p, cache, 0, q.data(), n_tok, pos0, a.data());
+    c.attention_gqa(p, cache, 0, q.data(), n_tok, pos0, b.data());
+    expect_close(a, b, 1e-4, what);
+    return g.stats().h2d_bytes - before;
+  };
+  write(0, 40);
+  check(0, 40, "prefill");
+  write(40, 41);
+  // one decoded token copies its key block and value row, not the 41 rows
+  const uint64_t one = check(40, 1, "decode");
+  EXPECT_LT(one, uint64_t(HKV) * (2 * uint64_t(kb) * D * 2 + 64) + uint64_t(H) * D * 4 + 1) << "bytes copied in";
+  write(41, 46);
+  check(41, 5, "a block of drafts");
+  write(43, 46);  // rejected drafts: rows 43.. rewritten
+  check(43, 3, "after a rewind");
+  cache.init_key_blocks(1, ctx, HKV, D, HKV * D, KvType::f16);  // a new cache in the same memory
+  write(0, 6);
+  check(0, 6, "a new cache");
+  g.release_cache(cache);
+  write(6, 7);
+  check(6, 1, "after release: the rows before pos0 copied again");
+  EXPECT_TRUE(g.stats().error.empty()) << g.stats().error;
+  EXPECT_GT(g.stats().device_ops, 0);
+}
+
 // The tier's CUDA device: the budget, booked and backed buffers, a copy larger than the staging
 // ring (4 x 4 MiB) landing whole, ordered for the compute stream by an event.
 TEST(CudaDevice, CopiesThroughTheStagingRingLandWholeAndInOrder) {

@@ -10,6 +10,7 @@
 // alike, with no transpose.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -21,6 +22,15 @@ namespace strata {
 enum class KvType { f32, f16 };
 
 struct KvCache {
+  KvCache() = default;
+  KvCache(const KvCache&) = delete;  // uid names one set of rows
+  KvCache& operator=(const KvCache&) = delete;
+  KvCache(KvCache&&) = default;
+  KvCache& operator=(KvCache&&) = default;
+
+  // Names these rows for a device backend's copy of them (CudaBackend's KV mirror); new at each
+  // init, so a cache that reuses another's memory is never taken for it.
+  uint64_t uid = 0;
   KvType type = KvType::f32;
   int n_ctx = 0;
   int k_width = 0;  // floats per position of k (GQA: n_head_kv * head_dim; MLA: kv_lora + rope)
@@ -48,6 +58,7 @@ struct KvCache {
 
   // Layers below `first` get no rows (a cache of the multi-token-prediction layer alone).
   void init(int n_layer, int ctx, int kw, int vw, int first = 0) {
+    uid = next_uid();
     type = KvType::f32;
     n_ctx = ctx;
     k_width = kw;
@@ -64,6 +75,7 @@ struct KvCache {
   void init_key_blocks(int n_layer, int ctx, int n_head_kv, int head_dim, int vw, KvType t = KvType::f32,
                        int first = 0) {
     const int padded = (ctx + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
+    uid = next_uid();
     type = t;
     n_ctx = ctx;
     k_width = n_head_kv * head_dim;
@@ -89,6 +101,10 @@ struct KvCache {
         v[size_t(il)].resize(nv);
       }
     }
+  }
+  static uint64_t next_uid() {
+    static std::atomic<uint64_t> n{0};
+    return ++n;
   }
   // Bytes of cache per position, all layers.
   size_t bytes_per_position() const {

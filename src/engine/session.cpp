@@ -45,6 +45,7 @@ void gpu_step(const Model& m, std::span<Session* const> sessions) {
 
 Session::~Session() {
   if (model_.gpu_tier) model_.gpu_tier->set_kv(this, 0);
+  backend().release_cache(cache_);
 }
 
 Session::Session(const Model& model, int n_ctx, cpu::MatmulPath path, KvType kv)

@@ -1,6 +1,7 @@
 #include "gpu/cuda_backend.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -39,6 +40,10 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(uint64_t weight_budget,
 }
 
 CudaBackend::~CudaBackend() {
+  for (auto& [key, m] : kv_) {
+    gpu::device_free(m.k.p);
+    gpu::device_free(m.v.p);
+  }
   for (auto& [host, dev] : weights_) gpu::device_free(dev);
   for (Buffer& b : scratch_) gpu::device_free(b.p);
 }
@@ -217,28 +222,93 @@ void CudaBackend::rope(float* x, int64_t n_tok, int n_head, int head_dim, int64_
   for (int64_t t = 0; t < n_tok; ++t) cpu::rope(x + t * n_head * head_dim, n_head, head_dim, pos0 + t, p);
 }
 
+void CudaBackend::drop_mirror(std::map<std::pair<uint64_t, int>, KvMirror>::iterator it) const {
+  stats_.kv_mirror_bytes -= it->second.k.bytes + it->second.v.bytes;
+  gpu::device_free(it->second.k.p);
+  gpu::device_free(it->second.v.p);
+  kv_.erase(it);
+}
+
+CudaBackend::KvMirror* CudaBackend::kv_mirror(KvCache& cache, int layer, int64_t pos0, int64_t end) const {
+  if (!on()) return nullptr;
+  const bool half = cache.type == KvType::f16;
+  const size_t es = half ? 2 : 4, L = size_t(layer);
+  const uint8_t* hk = half ? reinterpret_cast<const uint8_t*>(cache.k16[L].data())
+                           : reinterpret_cast<const uint8_t*>(cache.k[L].data());
+  const uint8_t* hv = half ? reinterpret_cast<const uint8_t*>(cache.v16[L].data())
+                           : reinterpret_cast<const uint8_t*>(cache.v[L].data());
+  const size_t k_bytes = (half ? cache.k16[L].size() : cache.k[L].size()) * es;
+  const size_t v_bytes = (half ? cache.v16[L].size() : cache.v[L].size()) * es;
+  const std::pair key(cache.uid, layer);
+  auto it = kv_.find(key);
+  if (it == kv_.end()) {
+    // the least recently used go first when there are too many, or the device is full
+    auto lru = [&] {
+      return std::min_element(kv_.begin(), kv_.end(), [](auto& a, auto& b) { return a.second.used < b.second.used; });
+    };
+    while (kv_.size() >= kMirrors) drop_mirror(lru());
+    KvMirror m;
+    for (;;) {
+      auto k = gpu::device_alloc(k_bytes);
+      auto v = v_bytes > 0 ? gpu::device_alloc(v_bytes) : Result<void*>(nullptr);
+      if (k.ok() && v.ok()) {
+        m.k = {*k, k_bytes};
+        m.v = {*v, v_bytes};
+        break;
+      }
+      if (k.ok()) gpu::device_free(*k);
+      if (v.ok()) gpu::device_free(*v);
+      if (kv_.empty()) return nullptr;  // out of device memory: this call runs on the host
+      drop_mirror(lru());
+    }
+    stats_.kv_mirror_bytes += k_bytes + v_bytes;
+    it = kv_.emplace(key, m).first;
+  }
+  KvMirror& m = it->second;
+  m.used = ++kv_clock_;
+  const int64_t from = std::min(m.valid, pos0);
+  m.valid = from;  // until the copies below succeed
+  auto* dk = static_cast<uint8_t*>(m.k.p);
+  auto* dv = static_cast<uint8_t*>(m.v.p);
+  bool ok = true;
+  if (cache.k_heads > 0) {  // GQA: K in key blocks by head, V by head
+    const int64_t kb = KvCache::kKeyBlock, b0 = from / kb, b1 = (end + kb - 1) / kb;
+    const size_t head_dim = size_t(cache.k_width / cache.k_heads), dvh = size_t(cache.v_width / cache.k_heads);
+    for (int h = 0; ok && h < cache.k_heads; ++h) {
+      const size_t k_off = cache.k_block_offset(h, b0) * es, k_n = size_t(b1 - b0) * head_dim * size_t(kb) * es;
+      const size_t v_off = (size_t(h) * size_t(cache.n_ctx) + size_t(from)) * dvh * es,
+                   v_n = size_t(end - from) * dvh * es;
+      ok = to_device(dk + k_off, hk + k_off, k_n) && to_device(dv + v_off, hv + v_off, v_n);
+    }
+  } else {  // rows by position (MLA's latent rows)
+    const size_t row = size_t(cache.k_width) * es;
+    ok = to_device(dk + size_t(from) * row, hk + size_t(from) * row, size_t(end - from) * row);
+  }
+  if (!ok) return nullptr;
+  m.valid = end;
+  return &m;
+}
+
+void CudaBackend::release_cache(const KvCache& cache) const {
+  std::lock_guard lock(mu_);
+  for (auto it = kv_.lower_bound({cache.uid, INT_MIN}); it != kv_.end() && it->first.first == cache.uid;)
+    drop_mirror(it++);
+}
+
 void CudaBackend::attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const float* q, int64_t n_tok,
                                 int64_t pos0, float* out) const {
   std::lock_guard lock(mu_);
   const bool half = cache.type == KvType::f16;
-  const int64_t kv_len = pos0 + n_tok, kb = KvCache::kKeyBlock;
-  const int64_t k_blocks = (kv_len + kb - 1) / kb, DK = p.head_dim_k, DV = p.head_dim_v, HKV = p.n_head_kv;
-  const size_t es = half ? 2 : 4;
-  const size_t k_head = size_t(k_blocks * DK * kb) * es, v_head = size_t(kv_len * DV) * es;
+  const int64_t kv_len = pos0 + n_tok, kb = KvCache::kKeyBlock, DK = p.head_dim_k;
   const size_t q_bytes = size_t(n_tok * p.n_head * DK) * sizeof(float);
-  const size_t o_bytes = size_t(n_tok * p.n_head * DV) * sizeof(float);
+  const size_t o_bytes = size_t(n_tok * p.n_head * p.head_dim_v) * sizeof(float);
   const uint8_t* sinks = p.sinks != nullptr ? device_weight(Weight::f32(p.sinks, p.n_head)) : nullptr;
   auto* dq = scratch(0, q_bytes);
   auto* dout = scratch(1, o_bytes);
-  auto* dk = reinterpret_cast<uint8_t*>(scratch(2, k_head * size_t(HKV)));
-  auto* dv = reinterpret_cast<uint8_t*>(scratch(3, v_head * size_t(HKV)));
-  bool ok = p.head_dim_v <= kMaxHeadDimV && dq != nullptr && dout != nullptr && dk != nullptr && dv != nullptr &&
-            (p.sinks == nullptr || sinks != nullptr) && to_device(dq, q, q_bytes);
-  for (int hk = 0; ok && hk < HKV; ++hk) {
-    const void* k_src = half ? static_cast<const void*>(cache.k_block16(layer, hk, 0)) : cache.k_block(layer, hk, 0);
-    const void* v_src = half ? static_cast<const void*>(cache.v_head16(layer, hk)) : cache.v_head(layer, hk);
-    ok = to_device(dk + size_t(hk) * k_head, k_src, k_head) && to_device(dv + size_t(hk) * v_head, v_src, v_head);
-  }
+  KvMirror* m = p.head_dim_v <= kMaxHeadDimV && cache.k_heads == p.n_head_kv ? kv_mirror(cache, layer, pos0, kv_len)
+                                                                             : nullptr;
+  bool ok = m != nullptr && dq != nullptr && dout != nullptr && (p.sinks == nullptr || sinks != nullptr) &&
+            to_device(dq, q, q_bytes);
   if (ok) {
     gpu::AttentionArgs a;
     a.n_head = p.n_head;
@@ -249,9 +319,10 @@ void CudaBackend::attention_gqa(const AttentionParams& p, KvCache& cache, int la
     a.n_swa = p.n_swa;
     a.sinks = reinterpret_cast<const float*>(sinks);
     a.half = half;
-    a.k_blocks = k_blocks;
-    a.v_rows = kv_len;
-    ok = fail(gpu::cuda_attention(a, dq, dk, dv, n_tok, pos0, dout)) && to_host(out, dout, o_bytes);
+    // the mirror has the host's layout: strides of the whole cache
+    a.k_blocks = (cache.n_ctx + kb - 1) / kb;
+    a.v_rows = cache.n_ctx;
+    ok = fail(gpu::cuda_attention(a, dq, m->k.p, m->v.p, n_tok, pos0, dout)) && to_host(out, dout, o_bytes);
   }
   if (ok) {
     ++stats_.device_ops;
@@ -265,14 +336,15 @@ void CudaBackend::attention_mla(int n_head, int kv_lora, int rope, float scale, 
                                 const float* q, int64_t n_tok, int64_t pos0, float* out) const {
   std::lock_guard lock(mu_);
   const int64_t W = kv_lora + rope, kv_len = pos0 + n_tok;
-  const size_t q_bytes = size_t(n_tok * n_head * W) * sizeof(float), o_bytes = size_t(n_tok * n_head * kv_lora) * sizeof(float),
-               rows_bytes = size_t(kv_len * W) * sizeof(float);
+  const size_t q_bytes = size_t(n_tok * n_head * W) * sizeof(float), o_bytes = size_t(n_tok * n_head * kv_lora) * sizeof(float);
   float* dq = scratch(0, q_bytes);
   float* dout = scratch(1, o_bytes);
-  float* drows = scratch(2, rows_bytes);
-  if (kv_lora <= kMaxHeadDimV && dq != nullptr && dout != nullptr && drows != nullptr && to_device(dq, q, q_bytes) &&
-      to_device(drows, cache.k_row(layer, 0), rows_bytes) &&
-      fail(gpu::cuda_attention_mla(n_head, kv_lora, rope, scale, dq, drows, n_tok, pos0, dout)) &&
+  KvMirror* m = kv_lora <= kMaxHeadDimV && cache.k_heads == 0 && cache.type == KvType::f32 && cache.k_width == W
+                    ? kv_mirror(cache, layer, pos0, kv_len)
+                    : nullptr;
+  if (m != nullptr && dq != nullptr && dout != nullptr && to_device(dq, q, q_bytes) &&
+      fail(gpu::cuda_attention_mla(n_head, kv_lora, rope, scale, dq, static_cast<const float*>(m->k.p), n_tok, pos0,
+                                   dout)) &&
       to_host(out, dout, o_bytes)) {
     ++stats_.device_ops;
     return;

@@ -8,9 +8,12 @@
 // copies come on top). A weight is known by its host address and size, so the weights must
 // outlive the backend (the model's do). A weight that does not fit, or whose type has no CUDA
 // kernel, is computed by the host (counted: stats()).
-// Activations are host rows: each op copies its inputs in and its outputs out, and attention
-// copies the layer's cache rows up to the newest key (model/backend.h says why; docs/gpu.md says
-// what comes next). Running out of device memory sends that op (or weight) to the host; any other
+// Activations are host rows: each op copies its inputs in and its outputs out (model/backend.h
+// says why; docs/gpu.md says what comes next). The KV cache is mirrored on the device: each
+// cache's layer (KvCache::uid) has a device copy of the host layout, and attention copies in only
+// the rows from the first one it writes this call (pos0; rows before it are unchanged since the
+// last call, as every write of the cache precedes an attention call at its positions), plus any
+// the mirror lacks. At most kMirrors layers' mirrors are kept, the least recently used evicted. Running out of device memory sends that op (or weight) to the host; any other
 // CUDA error is logged once, and from then on every op runs on the host, so the logits stay right.
 #pragma once
 
@@ -39,6 +42,7 @@ class CudaBackend final : public Backend {
 
   void route(const HParams& hp, const LayerWeights& l, const float* h, int64_t n_tok, int32_t* ids,
              float* weights) const override;
+  void release_cache(const KvCache& cache) const override;
   void matmul(const Weight& w, const float* x, int64_t n_tok, float* y) const override;
   void matmul_batch(std::span<const cpu::Matmul::MatmulOut> outs, const float* x, int64_t n_tok) const override;
   void rms_norm_rows(const float* x, const Weight& w, int64_t n_tok, int64_t n, float eps, float* out) const override;
@@ -56,6 +60,7 @@ class CudaBackend final : public Backend {
     int64_t weights = 0;
     int64_t device_ops = 0, host_ops = 0;  // ops run on the device / left to the host
     uint64_t h2d_bytes = 0, d2h_bytes = 0;
+    uint64_t kv_mirror_bytes = 0;  // device memory of the KV mirrors
     std::string error;  // the CUDA error that sent every op to the host (empty: none)
   };
   Stats stats() const;
@@ -85,6 +90,19 @@ class CudaBackend final : public Backend {
     size_t bytes = 0;
   };
   static constexpr int kScratch = 4;
+  // A cache layer's rows on the device, in the host's layout; rows [0, valid) are current.
+  struct KvMirror {
+    Buffer k, v;
+    int64_t valid = 0;
+    uint64_t used = 0;  // kv_clock_ at the last use
+  };
+  static constexpr size_t kMirrors = 512;  // layers of all caches (e.g. 8 sessions of 64 layers)
+  // The mirror of (cache, layer) with rows [0, end) current: rows from min(valid, pos0) copied
+  // in. Null on failure (out of device memory even after evicting the others, a copy error).
+  KvMirror* kv_mirror(KvCache& cache, int layer, int64_t pos0, int64_t end) const;
+  void drop_mirror(std::map<std::pair<uint64_t, int>, KvMirror>::iterator it) const;
+  mutable std::map<std::pair<uint64_t, int>, KvMirror> kv_;
+  mutable uint64_t kv_clock_ = 0;
   static constexpr int kMaxHeadDimV = 512;  // the attention kernel's (cuda_kernels.cu kMaxDv)
   mutable Buffer scratch_[kScratch];
   mutable Stats stats_;

@@ -4,8 +4,8 @@
 //
 // Activations are float rows in host memory on every backend, and the KV cache is the host's
 // KvCache: a device backend copies an op's inputs in and its outputs out (the hidden state crosses
-// PCIe per op, not once per layer; device-resident activations and KV are the next step of #7,
-// docs/gpu.md). What a backend has no op for (deepseek4's compressors and indexer, hash-routed
+// PCIe per op, not once per layer; device-resident activations are the next step of #7,
+// docs/gpu.md), and may keep a copy of the cache's rows (release_cache). What a backend has no op for (deepseek4's compressors and indexer, hash-routed
 // layers' routing, embedding rows) runs on the host in the forward pass itself, on the same rows.
 // The routed experts are the MoE executor's (moe_ffn), which computes the CPU's share with host().
 #pragma once
@@ -46,6 +46,8 @@ class Backend {
   // route_topk's rule: ids / weights [n_tok][hp.n_expert_used]. Not for hash-routed layers.
   virtual void route(const HParams& hp, const LayerWeights& l, const float* h, int64_t n_tok, int32_t* ids,
                      float* weights) const = 0;
+  // The cache is going away: whatever the backend keeps of its rows can go (a device copy).
+  virtual void release_cache(const KvCache&) const {}
   // y[t] = W x[t]: x [n_tok][w.n_in], y [n_tok][w.n_out] (no aliasing).
   virtual void matmul(const Weight& w, const float* x, int64_t n_tok, float* y) const = 0;
   // Several matrices of the same input (q, k and v) in one dispatch.
