@@ -458,16 +458,19 @@ TEST(CudaBackend, KvMirrorFollowsAppendsRewindsAndNewCaches) {
   check(0, 40, "prefill");
   write(40, 41);
   // one decoded token copies its key block and value row, not the 41 rows
+  // per KV head one key block (D x 32 halves) and one value row (D halves), and the query
   const uint64_t one = check(40, 1, "decode");
-  EXPECT_LT(one, uint64_t(HKV) * (2 * uint64_t(kb) * D * 2 + 64) + uint64_t(H) * D * 4 + 1) << "bytes copied in";
+  EXPECT_EQ(one, uint64_t(HKV) * (uint64_t(kb) * D * 2 + D * 2) + uint64_t(H) * D * 4) << "bytes copied in";
   write(41, 46);
   check(41, 5, "a block of drafts");
   write(43, 46);  // rejected drafts: rows 43.. rewritten
   check(43, 3, "after a rewind");
   cache.init_key_blocks(1, ctx, HKV, D, HKV * D, KvType::f16);  // a new cache in the same memory
   write(0, 6);
-  check(0, 6, "a new cache");
+  check(5, 1, "a new cache: its rows before pos0 copied, not taken for the old one's");
+  const uint64_t mirrors = g.stats().kv_mirror_bytes;
   g.release_cache(cache);
+  EXPECT_LT(g.stats().kv_mirror_bytes, mirrors) << "release frees the cache's mirror";
   write(6, 7);
   check(6, 1, "after release: the rows before pos0 copied again");
   EXPECT_TRUE(g.stats().error.empty()) << g.stats().error;

@@ -23,6 +23,8 @@ std::vector<TokenId> NgramDrafter::draft(std::span<const TokenId> history, int k
   return {};
 }
 
+MtpDrafter::~MtpDrafter() { target_.backend().release_cache(cache_); }  // its device copy (the KV mirror)
+
 MtpDrafter::MtpDrafter(Session& target) : target_(target) {
   init_mtp_cache(target.model(), target.n_ctx(), cache_,
                  target.path() == cpu::MatmulPath::exact ? KvType::f32 : target.kv_type());

@@ -54,6 +54,7 @@ class MtpDrafter final : public Drafter {
   // Turns on the target's hidden rows (Session::keep_hidden); create it before the target
   // evaluates the prompt. Errors: the model has no usable MTP layer (Model::mtp_error).
   static Result<std::unique_ptr<MtpDrafter>> create(Session& target);
+  ~MtpDrafter() override;
   std::string name() const override { return "mtp"; }
   // history: every token the target has evaluated, then the pending one (n_past() + 1 tokens).
   std::vector<TokenId> draft(std::span<const TokenId> history, int k) override;

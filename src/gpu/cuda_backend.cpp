@@ -242,11 +242,17 @@ CudaBackend::KvMirror* CudaBackend::kv_mirror(KvCache& cache, int layer, int64_t
   const std::pair key(cache.uid, layer);
   auto it = kv_.find(key);
   if (it == kv_.end()) {
-    // the least recently used go first when there are too many, or the device is full
-    auto lru = [&] {
-      return std::min_element(kv_.begin(), kv_.end(), [](auto& a, auto& b) { return a.second.used < b.second.used; });
+    // room from mirrors not used for a while (those of live caches are used every step, so the
+    // layers' cycle never evicts its own); none: this call runs on the host
+    const uint64_t idle = kv_clock_ > 4 * kMirrors ? kv_clock_ - 4 * kMirrors : 0;
+    auto evict_idle = [&] {
+      auto lru = std::min_element(kv_.begin(), kv_.end(), [](auto& a, auto& b) { return a.second.used < b.second.used; });
+      if (lru == kv_.end() || lru->second.used >= idle) return false;
+      drop_mirror(lru);
+      return true;
     };
-    while (kv_.size() >= kMirrors) drop_mirror(lru());
+    while (kv_.size() >= kMirrors)
+      if (!evict_idle()) return nullptr;
     KvMirror m;
     for (;;) {
       auto k = gpu::device_alloc(k_bytes);
@@ -258,8 +264,7 @@ CudaBackend::KvMirror* CudaBackend::kv_mirror(KvCache& cache, int layer, int64_t
       }
       if (k.ok()) gpu::device_free(*k);
       if (v.ok()) gpu::device_free(*v);
-      if (kv_.empty()) return nullptr;  // out of device memory: this call runs on the host
-      drop_mirror(lru());
+      if (!evict_idle()) return nullptr;  // out of device memory
     }
     stats_.kv_mirror_bytes += k_bytes + v_bytes;
     it = kv_.emplace(key, m).first;

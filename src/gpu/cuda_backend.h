@@ -13,7 +13,8 @@
 // cache's layer (KvCache::uid) has a device copy of the host layout, and attention copies in only
 // the rows from the first one it writes this call (pos0; rows before it are unchanged since the
 // last call, as every write of the cache precedes an attention call at its positions), plus any
-// the mirror lacks. At most kMirrors layers' mirrors are kept, the least recently used evicted. Running out of device memory sends that op (or weight) to the host; any other
+// the mirror lacks. A cache's mirrors go with it (release_cache). When kMirrors are kept, or the
+// device is full, only a mirror idle for several steps is evicted; else that call runs on the host. Running out of device memory sends that op (or weight) to the host; any other
 // CUDA error is logged once, and from then on every op runs on the host, so the logits stay right.
 #pragma once
 

@@ -568,6 +568,9 @@ namespace {
 // instead of dequantizing every element once per 8 tokens. The threshold is a guess: no session
 // has had a GPU to measure the break-even.
 constexpr int64_t kCublasTokens = 64;
+// The dequantized copy is kept for the next call, up to this size (larger weights, such as a big
+// vocabulary's head, stay on the kernel, whose memory is only the weight's own).
+constexpr size_t kCublasScratchFloats = size_t(64) << 20;  // 256 MiB
 
 struct Cublas {
   decltype(&cublasCreate_v2) create = nullptr;
@@ -618,9 +621,10 @@ bool cublas_matmul(GgmlType type, const uint8_t* w, int64_t n_rows, int64_t n_co
                    int64_t n_tok, float* y) {
   Cublas& c = cublas();
   const DequantizeKernel dq = dequantize_kernel_for(type);
-  if (c.handle == nullptr || dq == nullptr || n_rows > INT32_MAX || n_cols > INT32_MAX || n_tok > INT32_MAX) return false;
-  std::lock_guard lock(c.mu);  // one scratch
   const size_t n = size_t(n_rows * n_cols);
+  if (c.handle == nullptr || dq == nullptr || n > kCublasScratchFloats || n_cols > INT32_MAX || n_tok > INT32_MAX)
+    return false;
+  std::lock_guard lock(c.mu);  // one scratch
   if (c.scratch_floats < n) {
     cudaFree(c.scratch);  // waits for the kernels that read it
     c.scratch = nullptr;
@@ -632,7 +636,7 @@ bool cublas_matmul(GgmlType type, const uint8_t* w, int64_t n_rows, int64_t n_co
     c.scratch_floats = n;
   }
   dq<<<unsigned((n + 255) / 256), 256>>>(w, row_bytes, n_rows, n_cols, c.scratch);
-  if (cudaGetLastError() != cudaSuccess) return false;
+  if (cudaPeekAtLastError() != cudaSuccess) return false;  // reported by the caller's next launch check
   // row-major W [n_rows][n_cols], x [n_tok][n_cols], y [n_tok][n_rows] are, column-major,
   // W^T (n_cols x n_rows), x^T and y^T: y^T = (W^T)^T x^T
   const float one = 1.0f, zero = 0.0f;
