@@ -584,14 +584,7 @@ TEST(CudaKernels, RouteMatchesTheHostRule) {
     std::vector<float> want_w(want_ids.size()), got_w(want_ids.size());
     std::vector<float> host = z;
     route_topk(hp, l, host.data(), n_tok, nullptr, want_ids.data(), want_w.data());
-    gpu::RouteArgs a;
-    a.n_exp = c.n_exp;
-    a.k = c.k;
-    a.gating = int(c.gating);
-    a.n_group = c.n_group;
-    a.n_group_used = c.n_group_used;
-    a.norm_topk = c.norm;
-    a.scale = c.scale;
+    const gpu::RouteArgs a = CudaBackend::route_args(hp);
     ASSERT_TRUE(gpu::cuda_route_supported(a));
     auto dz = gpu::device_alloc(z.size() * 4), db = gpu::device_alloc(bias.size() * 4),
          di = gpu::device_alloc(got_ids.size() * 4), dw = gpu::device_alloc(got_w.size() * 4);

@@ -127,18 +127,23 @@ bool CudaBackend::device_matmul(const Weight& w, const float* dx, int64_t n_tok,
   return dw != nullptr && fail(gpu::cuda_matmul(w.type, dw, w.n_out, w.n_in, w.row_bytes, dx, n_tok, dy));
 }
 
-void CudaBackend::route(const HParams& hp, const LayerWeights& l, const float* h, int64_t n_tok, int32_t* ids,
-                        float* weights) const {
-  std::lock_guard lock(mu_);
-  const int n_exp = hp.n_expert, k = hp.n_expert_used;
+gpu::RouteArgs CudaBackend::route_args(const HParams& hp) {
   gpu::RouteArgs a;
-  a.n_exp = n_exp;
-  a.k = k;
+  a.n_exp = hp.n_expert;
+  a.k = hp.n_expert_used;
   a.gating = int(hp.gating);
   a.n_group = hp.n_group;
   a.n_group_used = hp.n_group_used;
   a.norm_topk = hp.norm_topk;
   a.scale = hp.expert_weights_scale;
+  return a;
+}
+
+void CudaBackend::route(const HParams& hp, const LayerWeights& l, const float* h, int64_t n_tok, int32_t* ids,
+                        float* weights) const {
+  std::lock_guard lock(mu_);
+  const int n_exp = hp.n_expert, k = hp.n_expert_used;
+  const gpu::RouteArgs a = route_args(hp);
   // only the k choices per token come back, not the n_exp logits
   const size_t h_bytes = size_t(n_tok * l.router.n_in) * sizeof(float), z_bytes = size_t(n_tok * n_exp) * sizeof(float);
   const size_t out_bytes = size_t(n_tok * k) * sizeof(float);  // ids (int32), then weights

@@ -25,6 +25,7 @@
 #include <map>
 #include <utility>
 
+#include "gpu/cuda_kernels.h"
 #include "model/backend.h"
 
 namespace strata {
@@ -43,6 +44,8 @@ class CudaBackend final : public Backend {
 
   void route(const HParams& hp, const LayerWeights& l, const float* h, int64_t n_tok, int32_t* ids,
              float* weights) const override;
+  // The routers' rule of hp for the CUDA route kernel.
+  static gpu::RouteArgs route_args(const HParams& hp);
   void release_cache(const KvCache& cache) const override;
   void matmul(const Weight& w, const float* x, int64_t n_tok, float* y) const override;
   void matmul_batch(std::span<const cpu::Matmul::MatmulOut> outs, const float* x, int64_t n_tok) const override;
