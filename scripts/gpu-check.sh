@@ -3,7 +3,8 @@
 # CUDA library for sm_80, sm_86, sm_89, sm_90 and sm_120, runs the whole test suite there (the CUDA
 # kernel and backend tests among it: each kernel against the CPU, whole-model logits against the
 # fixtures, the GPU tier's routed experts on the device against the CPU-only path), records what
-# the driver reports, then benchmarks on a synthetic Qwen3-30B-A3B Q4_K_M:
+# the driver reports, runs `strata calibrate` (this host's limits), then benchmarks on a synthetic
+# Qwen3-30B-A3B Q4_K_M:
 #  - the real device at VRAM budgets of 8 and 24 GiB (an RTX 5060 and an RTX 3090): the dense
 #    part on the CUDA backend, the hottest routed experts in the VRAM cache on the GPU, the rest on
 #    this host's CPUs; against CPU only (budget 0);
@@ -80,7 +81,7 @@ fi
   echo
 } >> "$summary"
 for vram in 0 8GiB 24GiB; do
-  step "bench, budgets.vram = $vram (real device)"
+  step "bench, budgets.vram = $vram (0: the CPU alone)"
   timeout 100 "$build/src/strata" bench -m "$model" --set "budgets.vram=$vram" --set gpu.max_promotions=64 \
     -p 256 -n 64,32 -r 1 --routing synthetic > "$out/bench-cuda-$vram.log" 2>&1
   rc_bench=$?

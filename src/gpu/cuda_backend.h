@@ -4,8 +4,8 @@
 //
 // Dense weights (attention, norms, routers, dense and shared FFNs, the lm head) are copied to the
 // device the first time an op reads them, in the file's block layout (rows the loader interleaved
-// for the CPU kernels are put back), while they fit in `weight_budget` (scratch and the attention
-// copies come on top). A weight is known by its host address and size, so the weights must
+// for the CPU kernels are put back), while they fit in `weight_budget` (scratch and the KV mirrors
+// come on top). A weight is known by its host address and size, so the weights must
 // outlive the backend (the model's do). A weight that does not fit, or whose type has no CUDA
 // kernel, is computed by the host (counted: stats()).
 // Activations are host rows: each op copies its inputs in and its outputs out (model/backend.h

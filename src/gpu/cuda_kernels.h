@@ -7,7 +7,8 @@
 // when libcublas can be loaded), weights dequantized in the kernel from the file's block layout
 // (F32, BF16, Q8_0, Q4_K, Q6_K, MXFP4), float accumulation; one warp per (token, head) of attention with
 // an online softmax (GQA and MLA). Kernels run in order on one stream; copy_to_host waits for them. A launch
-// error is returned by the call that launched it, an execution error by the next copy.
+// error is returned by the call that launched it, an execution error by the next synchronous copy,
+// event_synchronize or event_done.
 #pragma once
 
 #include <cstddef>

@@ -18,8 +18,8 @@ class Device {
   virtual ~Device() = default;
 
   // Device memory: `bytes` of the budget. backed = false: the budget is only booked (a part of
-  // the arena whose memory lives elsewhere: the dense weights the backend holds, the KV cache
-  // kept in host memory); data stays null on a real device. Errors: the budget cannot hold it
+  // the arena whose memory lives elsewhere: the dense weights the backend holds, the host's KV
+  // cache and the backend's mirror of it); data stays null on a real device. Errors: the budget cannot hold it
   // (what is in use and what was asked are in the message), or the device is out of memory.
   struct Buffer {
     int id = -1;

@@ -42,7 +42,7 @@ class GpuTier {
  public:
   struct Options {
     uint64_t vram_bytes = 0;  // budgets.vram
-    // The simulated GPU's rates: PCIe copies, VRAM reads, throughput on quantized weights (an
+    // The GPU's rates (assumed on a real GPU too; nothing measures one yet): PCIe copies, VRAM reads, throughput on quantized weights (an
     // RTX 3090's class unless hardware.pcie_h2d_gbps / gpu_gbps / gpu_tflops say otherwise), and
     // the CPU's, which the caller fills from the calibration (hardware.weights_gbps,
     // cpu_int8_gops): place() compares them.
@@ -60,9 +60,10 @@ class GpuTier {
 
   // moe_ffn: one layer's routing (the cache's heat).
   void observe(int layer, std::span<const int32_t> ids);
-  // Where each of a layer's active experts runs, with n_tok[i] tokens for experts[i]; the GPU's
-  // share (kernels from slots, copies and kernels of shipped experts) goes on the device's
-  // timeline. `l` is the layer's weights (types and shapes of the views).
+  // Where each of a layer's active experts runs, with n_tok[i] tokens for experts[i]. Simulated,
+  // the GPU's share (kernels from slots, copies and kernels of shipped experts) goes on the
+  // device's timeline; on CUDA, begin_device_share issues it. `l` is the layer's weights (types
+  // and shapes of the views).
   struct Views {
     Weight gate, up, down;
     int slot = -1;
@@ -75,7 +76,7 @@ class GpuTier {
   std::vector<Assignment> place(const LayerWeights& l, int layer, std::span<const int32_t> experts,
                                 std::span<const int64_t> n_tok);
   // CUDA: issues the layer's device share, the experts whose Assignment::on_device is set
-  // (ffn_work: one per such expert, in `sites` order of place()'s experts): h [n_tok][n_embd] goes to
+  // (ffns: one per such expert, in `sites` order of place()'s experts): h [n_tok][n_embd] goes to
   // the device once, each expert's tokens are gathered there, its FFN runs from its slot (or
   // from a staging slot its copy fills, if shipped), and the scaled outputs are summed on the
   // device. Returns at once.
@@ -87,13 +88,14 @@ class GpuTier {
   };
   void begin_device_share(const LayerWeights& l, int layer, std::span<const DeviceFfn> ffns, const float* h,
                           int64_t n_tok, int64_t n_embd, const GluParams& glu);
-  // Waits for the device share and adds its output to out [n_tok][n_embd]. false: a CUDA error
-  // (the device is off from now on, out is unchanged): the caller computes those experts itself.
+  // Waits for the device share and adds its output to out [n_tok][n_embd]. false (out unchanged):
+  // a CUDA error (the device is off from now on) or no memory for the share's buffers (this layer
+  // only); the caller computes those experts itself.
   bool end_device_share(float* out);
   bool on_cuda() const { return cuda_ != nullptr; }
 
-  // The CPU's share of a layer took `seconds` (host time moves on); the GPU share of the layer
-  // is waited for before the next.
+  // Simulated: the CPU's share of a layer took `seconds` (host time moves on); the GPU share of
+  // the layer is waited for before the next. On CUDA nothing (end_device_share waited).
   void layer_done(double cpu_seconds);
   // After a forward pass: promotions.
   void end_step();
@@ -109,7 +111,8 @@ class GpuTier {
   ~GpuTier();
   // A session's KV cache now holds `bytes`: the arena's KV part is the sum over sessions (0: the
   // session is gone). Beyond what the arena can give, the KV part stays at its most and the
-  // excess is counted (kv_overflow_bytes): the real KV cache is in host memory, so nothing fails.
+  // excess is counted (kv_overflow_bytes): the KV cache is the host's (a CUDA backend's mirror of
+  // it is its own memory), so nothing fails.
   void set_kv(const void* session, uint64_t bytes);
 
   struct Stats {
