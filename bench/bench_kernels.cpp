@@ -1,9 +1,11 @@
 // Kernel benchmarks of issue #4 on the compute pool (cpu/thread_pool.h), the way the forward pass
 // runs them:
 //  - BM_expert_ffn: the fused expert FFN (moe_ffn) of one MoE layer of qwen3-30b-a3b's shape (128
-//    experts of 2048 -> 768 -> 2048, 8 active, one token), experts drawn at random from a stack far
-//    larger than the caches. Counters GBps (expert bytes read per second) and bw_frac (GBps / the
-//    mean of DRAM read probes taken along the timed loop, bench_common.h DramTracker).
+//    experts of 2048 -> 768 -> 2048, 8 active per token), experts drawn at random from a stack far
+//    larger than the caches. One token (decode), or /tokens:N: a speculative verification step of
+//    N tokens routed independently, whose bytes are the union of their experts. Counters GBps
+//    (expert bytes read per second), bw_frac (GBps / the mean of DRAM read probes taken along the
+//    timed loop, bench_common.h DramTracker) and experts (the union's mean size).
 //  - BM_gemm: prefill matmuls, W [n_out][n_in] times a batch of 8, 64 or 512 activation rows,
 //    through Matmul::matmul (activations quantized once, row chunks as pool tasks, the tile
 //    kernel of the start-up ISA). Counters GFLOPs (2 n_in n_out batch per second) and peak_frac
@@ -43,7 +45,7 @@ namespace {
 
 // ---- the fused expert FFN of one MoE layer ----
 
-void BM_expert_ffn(benchmark::State& state, GgmlType type, int n_layers) {
+void BM_expert_ffn(benchmark::State& state, GgmlType type, int n_layers, int64_t n_tok) {
   constexpr int64_t kEmbd = 2048, kFf = 768, kExperts = 128, kUsed = 8;
   // per layer three stacks of 128 experts: 3 x 128 x 0.9 MB at Q4_K (340 MB), far beyond any L3;
   // several layers, taken in turn, spread the reads over gigabytes as a whole model does
@@ -67,30 +69,37 @@ void BM_expert_ffn(benchmark::State& state, GgmlType type, int n_layers) {
     lw[i].down_exps = layers[i].down->stack();
   }
   const cpu::Matmul be(cpu::MatmulPath::quantized);
-  const std::vector<float> h = activations(kEmbd, 7);
-  std::vector<float> out(static_cast<size_t>(kEmbd));
+  const std::vector<float> h = activations(kEmbd * n_tok, 7);
+  std::vector<float> out(static_cast<size_t>(kEmbd * n_tok));
   std::mt19937 rng(42);
   Routing r;
   r.k = int(kUsed);
-  r.ids.resize(kUsed);
-  r.weights.assign(kUsed, 1.0f / kUsed);
-  const size_t bytes_per_iter = size_t(kUsed) * (2 * lw[0].gate_exps.mat_bytes() + lw[0].down_exps.mat_bytes());
-  size_t next_layer = 0;
+  r.ids.resize(size_t(kUsed * n_tok));
+  r.weights.assign(size_t(kUsed * n_tok), 1.0f / kUsed);
+  const size_t expert_bytes = 2 * lw[0].gate_exps.mat_bytes() + lw[0].down_exps.mat_bytes();
+  size_t next_layer = 0, union_sum = 0;
   DramTracker dram(state);
   for (auto _ : state) {
-    // 8 distinct experts (a partial Fisher-Yates over 128 ids)
-    std::array<int32_t, kExperts> ids;
-    for (int i = 0; i < kExperts; ++i) ids[size_t(i)] = i;
-    for (int j = 0; j < kUsed; ++j) {
-      std::swap(ids[size_t(j)], ids[size_t(j + int(rng() % uint32_t(kExperts - j)))]);
-      r.ids[size_t(j)] = ids[size_t(j)];
+    // per token 8 distinct experts (a partial Fisher-Yates over 128 ids)
+    std::array<bool, kExperts> used{};
+    for (int64_t t = 0; t < n_tok; ++t) {
+      std::array<int32_t, kExperts> ids;
+      for (int i = 0; i < kExperts; ++i) ids[size_t(i)] = i;
+      for (int j = 0; j < kUsed; ++j) {
+        std::swap(ids[size_t(j)], ids[size_t(j + int(rng() % uint32_t(kExperts - j)))]);
+        r.ids[size_t(t * kUsed + j)] = ids[size_t(j)];
+        used[size_t(ids[size_t(j)])] = true;
+      }
     }
-    moe_ffn(be, lw[next_layer], r, h.data(), 1, kEmbd, out.data());
+    union_sum += size_t(std::count(used.begin(), used.end(), true));
+    moe_ffn(be, lw[next_layer], r, h.data(), n_tok, kEmbd, out.data());
     next_layer = (next_layer + 1) % lw.size();
     benchmark::DoNotOptimize(out.data());
     dram.tick();
   }
-  set_bandwidth_counters(state, bytes_per_iter, dram.kernel_seconds(), dram.mean_gbps());
+  const double experts = double(union_sum) / double(std::max<int64_t>(1, state.iterations()));
+  set_bandwidth_counters(state, size_t(experts * double(expert_bytes)), dram.kernel_seconds(), dram.mean_gbps());
+  state.counters["experts"] = experts;
   state.SetLabel(std::string(quant_traits(type).name) + " " + std::string(cpu::isa_name()));
 }
 
@@ -173,10 +182,15 @@ void BM_onednn_matmul(benchmark::State& state, dnnl::memory::data_type dt, int64
 const int kRegistered = [] {
   for (GgmlType type : {GgmlType::q4_k, GgmlType::q6_k, GgmlType::q8_0, GgmlType::mxfp4}) {
     const std::string tname(quant_traits(type).name);
-    benchmark::RegisterBenchmark(("BM_expert_ffn/" + tname).c_str(), BM_expert_ffn, type, 1)
+    benchmark::RegisterBenchmark(("BM_expert_ffn/" + tname).c_str(), BM_expert_ffn, type, 1, 1)
         ->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(1.0);
-    if (type == GgmlType::q4_k)  // 16 layers: 5.4 GB, the reads spread as a whole model's are
-      benchmark::RegisterBenchmark(("BM_expert_ffn/" + tname + "/16_layers").c_str(), BM_expert_ffn, type, 16)
+    if (type != GgmlType::q4_k) continue;
+    // 16 layers: 5.4 GB, the reads spread as a whole model's are
+    benchmark::RegisterBenchmark(("BM_expert_ffn/" + tname + "/16_layers").c_str(), BM_expert_ffn, type, 16, 1)
+        ->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(3.0);
+    for (int64_t n_tok : {2, 4, 9})  // verification steps of k = 1, 3 and 8 drafts
+      benchmark::RegisterBenchmark(("BM_expert_ffn/" + tname + "/16_layers/tokens:" + std::to_string(n_tok)).c_str(),
+                                   BM_expert_ffn, type, 16, n_tok)
           ->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(3.0);
   }
   for (GgmlType type : {GgmlType::q4_k, GgmlType::q6_k, GgmlType::q8_0, GgmlType::mxfp4, GgmlType::q4_0,

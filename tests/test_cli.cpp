@@ -85,6 +85,22 @@ TEST(Cli, BenchSpeculativeCostCurve) {
   EXPECT_GE(j["curve"][1]["experts_per_layer"].get<double>(), 4.0);
   EXPECT_LE(j["curve"][1]["experts_per_layer"].get<double>(), 8.0);
   EXPECT_GT(j["curve"][1]["roofline_s"].get<double>(), 0.0);
+  for (const auto& c : j["curve"]) {
+    // where the step's time went: the parts are timed inside the step, one after the other
+    const auto& parts = c["parts_s"];
+    EXPECT_GT(parts["experts"].get<double>(), 0.0);
+    EXPECT_GT(parts["attention"].get<double>(), 0.0);
+    EXPECT_GT(parts["output head"].get<double>(), 0.0);
+    double sum = 0;
+    for (const auto& [name, v] : parts.items())
+      if (name != "QK/softmax/V") sum += v.get<double>();  // nested in attention
+    EXPECT_LE(sum, c["step_s"].get<double>() * 1.001);
+    // the per-part bound (each part's larger of reads and int8 work, summed) is never below the
+    // step's memory / compute roofline (the larger of the summed reads and the summed work)
+    const double per_part = c["experts_bound_s"].get<double>() + c["rest_bound_s"].get<double>();
+    EXPECT_GE(per_part, c["roofline_s"].get<double>() * (1 - 1e-9));
+    EXPECT_NEAR(c["of_per_part_bound"].get<double>(), per_part / c["step_s"].get<double>(), 1e-9);
+  }
   EXPECT_EQ(j["speedup"].size(), 6u);
   ASSERT_EQ(j["end_to_end"].size(), 7u);
   EXPECT_EQ(j["end_to_end"][0]["run"], "greedy, plain");

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -28,6 +29,11 @@ struct KCost {
   double int8_gops = 0;
   double memory_s = 0, compute_s = 0, nvme_s = 0;  // the bounds: bytes / DRAM, ops / int8 peak, disk
   double roofline = 0;      // the largest of them, seconds
+  // The routed experts and the rest run one after the other in each layer, so neither hides
+  // behind the other: each part's bound is the larger of its reads and its int8 work (and NVMe
+  // for the experts), and the step's per-part bound is their sum.
+  double experts_bound_s = 0, rest_bound_s = 0;
+  std::array<double, size_t(prof::Part::count)> part_s{};  // mean seconds per part of the step
 };
 
 }  // namespace
@@ -62,6 +68,11 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
   // the routed bytes one token reads, and so the rest (dense, shared, attention, head)
   const double routed_per_token = sm.n_expert ? double(sm.expert_bytes_total) * double(sm.n_expert_used) / double(sm.n_expert) : 0;
   const double dense_bytes = double(sm.active_bytes_per_token) - routed_per_token;
+  // and the same in weights (each a multiply-add per token)
+  const double routed_params = sm.n_expert ? double(sm.roles[size_t(TensorRole::routed_expert)].n_params) *
+                                                 double(sm.n_expert_used) / double(sm.n_expert)
+                                           : 0;
+  const double dense_params = double(sm.active_params_per_token) - routed_params;
   // end to end: generation with adaptive k against plain decoding. Greedy: the n-gram drafter
   // (a random-weight model may fall into loops it predicts), and drafts that are the plain run's
   // own next tokens with probability a, else wrong (an acceptance rate set on purpose, which a
@@ -145,6 +156,9 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
     }
   }
   std::vector<KCost> costs;
+  // the steps' spans (per part: attention, experts, head, ...) say where a step's time goes
+  const bool was_enabled = prof::g_enabled.load();
+  prof::enable(true);
   for (int k = 0; k <= o.max_k; ++k) {
     KCost c;
     c.k = k;
@@ -169,6 +183,7 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
       c.experts += double(prof::g_totals.experts_run.load()) / o.steps;
       c.expert_bytes += double(prof::g_totals.expert_bytes.load()) / o.steps;
       if (store) c.nvme_bytes += double(store->stats().bytes_read - nvme0) / o.steps;
+      for (size_t p = 0; p < c.part_s.size(); ++p) c.part_s[p] += 1e-9 * double(prof::g_totals.ns[p].load()) / o.steps;
     }
     c.dram_gbps = 0.5 * (gbps_before + cpu::measure_read_gbps(pool));
     c.int8_gops = 0.5 * (gops_before + cpu::measure_int8_peak_gops(pool));
@@ -177,8 +192,12 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
     c.compute_s = 2.0 * double(sm.active_params_per_token) * (k + 1) / (c.int8_gops * 1e9);
     if (store && o.nvme_probe_gbps > 0) c.nvme_s = c.nvme_bytes / (o.nvme_probe_gbps * 1e9);
     c.roofline = std::max({c.memory_s, c.compute_s, c.nvme_s});
+    const double ops_s = 1.0 / (c.int8_gops * 1e9), bytes_s = 1.0 / (c.dram_gbps * 1e9);
+    c.experts_bound_s = std::max({c.expert_bytes * bytes_s, 2.0 * routed_params * (k + 1) * ops_s, c.nvme_s});
+    c.rest_bound_s = std::max(dense_bytes * bytes_s, 2.0 * dense_params * (k + 1) * ops_s);
     costs.push_back(c);
   }
+  prof::enable(was_enabled);
   // the MTP drafter's cost: after one plain step, draft(k) = a pass of the MTP layer over the new
   // position (with the head) plus k - 1 chained passes
   std::vector<double> mtp_draft_s;  // [k - 1]
@@ -236,6 +255,12 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
                             {"memory_s", c.memory_s}, {"compute_s", c.compute_s}, {"nvme_s", c.nvme_s},
                             {"roofline_s", c.roofline},
                             {"of_roofline", c.roofline / c.seconds}});
+      nlohmann::json parts;
+      for (size_t p = 0; p < c.part_s.size(); ++p) parts[std::string(prof::kPartNames[p])] = c.part_s[p];
+      j["curve"].back()["parts_s"] = parts;
+      j["curve"].back()["experts_bound_s"] = c.experts_bound_s;
+      j["curve"].back()["rest_bound_s"] = c.rest_bound_s;
+      j["curve"].back()["of_per_part_bound"] = (c.experts_bound_s + c.rest_bound_s) / c.seconds;
     }
     for (size_t i = 0; i < rates.size(); ++i)
       j["speedup"].push_back({{"acceptance", rates[i]}, {"best_k", best[i].first}, {"speedup", best[i].second}});
@@ -262,6 +287,30 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
   std::printf("memory: the step's weight bytes (dense + the routed experts it computed) over the DRAM read rate; "
               "compute: 2 ops per weight per token over the int8 peak; NVMe: bytes read from disk over the disk "
               "probe; of bound: the largest of the three over the step's time\n");
+  // the routed experts are read once per step whatever k; everything else (attention, router,
+  // shared experts, head) reads its weights once but computes them k + 1 times
+  using prof::Part;
+  std::printf("\nwhere a step's time goes (ms), and each part's bound:\n\n");
+  std::printf("| %2s | %9s | %6s | %7s | %6s | %6s | %8s | %8s | %8s | %10s | %8s | %8s |\n", "k", "attention", "router",
+              "shared", "head", "other", "rest", "bound", "experts", "bound", "per-part", "of it");
+  std::printf("|----|-----------|--------|---------|--------|--------|----------|----------|----------|------------|----------|----------|\n");
+  for (const KCost& c : costs) {
+    const auto ms = [&](Part p) { return 1e3 * c.part_s[size_t(p)]; };
+    const double experts = ms(Part::experts), rest = 1e3 * c.seconds - experts;
+    const double parts = ms(Part::embed) + ms(Part::attention) + ms(Part::router) + experts +
+                         ms(Part::shared_ffn) + ms(Part::output) + ms(Part::sample);
+    const auto which = [&](double mem, double bound) { return bound > mem * 1.0001 ? "cmp" : "mem"; };
+    const double e_mem = c.expert_bytes / (c.dram_gbps * 1e9), r_mem = dense_bytes / (c.dram_gbps * 1e9);
+    std::printf("| %2d | %9.2f | %6.2f | %7.2f | %6.2f | %6.2f | %8.2f | %4.1f %s | %8.2f | %6.1f %s | %8.2f | %8.2f |\n",
+                c.k, ms(Part::attention), ms(Part::router), ms(Part::shared_ffn), ms(Part::output),
+                1e3 * c.seconds - parts, rest, 1e3 * c.rest_bound_s, which(r_mem, c.rest_bound_s), experts,
+                1e3 * c.experts_bound_s, c.experts_bound_s > e_mem * 1.0001 ? (c.nvme_s >= c.experts_bound_s ? "nvm" : "cmp") : "mem",
+                1e3 * (c.experts_bound_s + c.rest_bound_s), (c.experts_bound_s + c.rest_bound_s) / c.seconds);
+  }
+  std::printf("rest: the step outside the routed experts (attention with its projections, router, shared experts, "
+              "head), which reads its weights once but multiplies them k + 1 times; each part's bound is the larger "
+              "of its weight bytes over the DRAM rate (mem) and 2 ops per weight per token over the int8 peak (cmp); "
+              "the parts run one after the other, so the step's per-part bound is their sum\n");
   std::printf("\nspeed-up over plain decoding by acceptance rate (per drafted token), best k on this curve:\n");
   for (size_t i = 0; i < rates.size(); ++i)
     std::printf("  acceptance %.1f: k = %d, %.2fx\n", rates[i], best[i].first, best[i].second);
