@@ -15,6 +15,7 @@
 // machine: scripts/gpu-check.sh runs them on a GPU host).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -631,16 +632,10 @@ TEST_P(GpuTierCudaArch, RoutedExpertsOnTheGpuMatchTheCpuOnlyPath) {
   };
   std::vector<float> cpu, gpu;
   decode(cpu);
-  int n_moe = 0;
-  uint64_t slot = 0;
-  for (const LayerWeights& l : m->layers)
-    if (l.is_moe()) {
-      ++n_moe;
-      slot = std::max<uint64_t>(slot, l.gate_exps.mat_bytes() + l.up_exps.mat_bytes() + l.down_exps.mat_bytes());
-    }
-  const uint64_t scratch = uint64_t(512) * uint64_t(m->hparams().n_embd) * sizeof(float) * 16;
+  const int n_moe = int(std::count_if(m->layers.begin(), m->layers.end(), [](const LayerWeights& l) { return l.is_moe(); }));
   GpuTier::Options o;
-  o.vram_bytes = GpuTier::fixed_bytes(*m) + scratch + uint64_t(2 + n_moe * m->hparams().n_expert / 3) * slot;
+  // the two ship slots, and a third of the experts
+  o.vram_bytes = GpuTier::arena_bytes(*m, 2 + n_moe * m->hparams().n_expert / 3);
   o.costs.cpu_gbps = 20;
   o.costs.cpu_ops = 1e12;
   o.cache.max_promotions = 64;

@@ -13,18 +13,6 @@
 namespace strata {
 namespace {
 
-
-// fixed + scratch + `slots` expert slots of the model
-uint64_t budget_for(const Model& m, int slots) {
-  uint64_t fixed = 0, slot = 0;
-  for (const GgufTensorInfo& t : m.file().tensors())
-    if (!t.name.ends_with("_exps.weight")) fixed += t.n_bytes;
-  for (const LayerWeights& l : m.layers)
-    if (l.is_moe()) slot = std::max<uint64_t>(slot, l.gate_exps.mat_bytes() + l.up_exps.mat_bytes() + l.down_exps.mat_bytes());
-  const uint64_t scratch = uint64_t(512) * uint64_t(m.hparams().n_embd) * sizeof(float) * 16;
-  return fixed + scratch + uint64_t(slots) * slot;
-}
-
 class GpuTierArch : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(GpuTierArch, LogitsEqualTheCpuOnlyPathBitForBit) {
@@ -46,7 +34,7 @@ TEST_P(GpuTierArch, LogitsEqualTheCpuOnlyPathBitForBit) {
   const int n_moe_experts = int(std::count_if(m->layers.begin(), m->layers.end(), [](const LayerWeights& l) {
                               return l.is_moe();
                             })) * m->hparams().n_expert;
-  auto tier = GpuTier::create_simulated(*m, {.vram_bytes = budget_for(*m, n_moe_experts / 3)});
+  auto tier = GpuTier::create_simulated(*m, {.vram_bytes = GpuTier::arena_bytes(*m, n_moe_experts / 3)});
   ASSERT_TRUE(tier.ok()) << tier.error().message;
   m->gpu_tier = std::move(*tier);
   decode(gpu);
@@ -68,7 +56,7 @@ TEST(GpuTier, KvCacheOfAGrowingContextTakesSlotsAndGivesThemBack) {
   std::vector<uint8_t> bytes;
   auto m = test::synth_q8_model("tiny", bytes);
   ASSERT_TRUE(m);
-  auto tier = GpuTier::create_simulated(*m, {.vram_bytes = budget_for(*m, 12)});
+  auto tier = GpuTier::create_simulated(*m, {.vram_bytes = GpuTier::arena_bytes(*m, 12)});
   ASSERT_TRUE(tier.ok());
   m->gpu_tier = std::move(*tier);
   GpuTier& t = *m->gpu_tier;
@@ -95,7 +83,7 @@ TEST(GpuTier, ABudgetThatCannotHoldTheFixedPartIsAnError) {
   std::vector<uint8_t> bytes;
   auto m = test::synth_q8_model("tiny", bytes);
   ASSERT_TRUE(m);
-  auto tier = GpuTier::create_simulated(*m, {.vram_bytes = budget_for(*m, 0) - 1});
+  auto tier = GpuTier::create_simulated(*m, {.vram_bytes = GpuTier::arena_bytes(*m, 0) - 1});
   ASSERT_FALSE(tier.ok());
   EXPECT_NE(tier.error().message.find("cannot hold what every token needs"), std::string::npos)
       << tier.error().message;
@@ -129,7 +117,7 @@ TEST(GpuTier, PrefillShipsBusyExpertsDecodeDoesNot) {
   };
   std::vector<float> cpu, gpu;
   run(cpu);
-  GpuTier::Options o{.vram_bytes = budget_for(*m, 4)};
+  GpuTier::Options o{.vram_bytes = GpuTier::arena_bytes(*m, 4)};
   o.costs.cpu_gbps = 40;
   o.costs.cpu_ops = 300e9;
   auto tier = GpuTier::create_simulated(*m, o);
@@ -155,7 +143,7 @@ TEST(GpuTier, WarmStartFromSavedRoutingCounts) {
     Session s(*m, 64);
     for (int i = 0; i < n; ++i) ASSERT_TRUE(s.eval(std::span<const int32_t>(&ids[size_t(i)], 1)).ok());
   };
-  const GpuTier::Options o{.vram_bytes = budget_for(*m, 6)};
+  const GpuTier::Options o{.vram_bytes = GpuTier::arena_bytes(*m, 6)};
   std::vector<double> saved;
   {
     auto tier = GpuTier::create_simulated(*m, o);

@@ -2,8 +2,18 @@
 
 #include <cstdarg>
 #include <cmath>
+#include <cstdio>
 
 namespace strata {
+
+bool StickyError::keep(const Status& s) {
+  if (s.ok()) return true;
+  if (message_.empty()) {
+    message_ = s.error().message;
+    std::fprintf(stderr, "strata: %s: %s; %s\n", who_, message_.c_str(), then_);
+  }
+  return false;
+}
 
 std::string strfmt(const char* fmt, ...) {
   va_list args;

@@ -85,6 +85,22 @@ class [[nodiscard]] Status {
   bool failed_ = false;
 };
 
+// The first error of a part that turns itself off at its first failure (a GPU device or backend):
+// keep(s) is true while s is a success; the first failure's message is kept and logged once, as
+// "strata: <who>: <message>; <then>", and later failures are dropped.
+class StickyError {
+ public:
+  StickyError(const char* who, const char* then) : who_(who), then_(then) {}
+  bool keep(const Status& s);
+  bool empty() const { return message_.empty(); }
+  const std::string& message() const { return message_; }
+
+ private:
+  const char* who_;
+  const char* then_;
+  std::string message_;
+};
+
 // printf-style formatting into a std::string (messages only; not for hot paths).
 std::string strfmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 

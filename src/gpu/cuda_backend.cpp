@@ -51,18 +51,11 @@ CudaBackend::~CudaBackend() {
 CudaBackend::Stats CudaBackend::stats() const {
   std::lock_guard lock(mu_);
   Stats s = stats_;
-  s.error = error_;
+  s.error = error_.message();
   return s;
 }
 
-bool CudaBackend::fail(const Status& s) const {
-  if (s.ok()) return true;
-  if (error_.empty()) {
-    error_ = s.error().message;
-    std::fprintf(stderr, "strata: CUDA backend: %s; every op runs on the CPU from now on\n", error_.c_str());
-  }
-  return false;
-}
+bool CudaBackend::fail(const Status& s) const { return error_.keep(s); }
 
 bool CudaBackend::to_device(void* dst, const void* src, size_t bytes) const {
   stats_.h2d_bytes += bytes;

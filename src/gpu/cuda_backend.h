@@ -110,7 +110,7 @@ class CudaBackend final : public Backend {
   static constexpr int kMaxHeadDimV = 512;  // the attention kernel's (cuda_kernels.cu kMaxDv)
   mutable Buffer scratch_[kScratch];
   mutable Stats stats_;
-  mutable std::string error_;
+  mutable StickyError error_{"CUDA backend", "every op runs on the CPU from now on"};
 };
 
 }  // namespace strata

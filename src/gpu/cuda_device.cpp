@@ -28,7 +28,7 @@ Result<std::unique_ptr<CudaDevice>> CudaDevice::create(uint64_t vram_bytes) {
     d->stage_[i] = *p;
     d->stage_event_[i] = d->new_event();
   }
-  if (!d->error_.empty()) return Error{d->error_};
+  if (!d->error_.empty()) return Error{d->error_.message()};
   return d;
 }
 
@@ -39,14 +39,7 @@ CudaDevice::~CudaDevice() {
   for (size_t i = 1; i < streams_.size(); ++i) stream_destroy(streams_[i]);
 }
 
-bool CudaDevice::check(const Status& s) const {
-  if (s.ok()) return true;
-  if (error_.empty()) {
-    error_ = s.error().message;
-    std::fprintf(stderr, "strata: GPU tier: %s; every routed expert runs on the CPU from now on\n", error_.c_str());
-  }
-  return false;
-}
+bool CudaDevice::check(const Status& s) const { return error_.keep(s); }
 
 Result<Device::Buffer> CudaDevice::alloc(uint64_t bytes, bool backed) {
   if (bytes == 0 || bytes > capacity_ - used_)

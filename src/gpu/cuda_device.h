@@ -40,7 +40,7 @@ class CudaDevice final : public Device {
   bool event_done(int event, int stream) const override;
   void copy_h2d(int stream, Buffer& b, uint64_t offset, const void* src, uint64_t bytes) override;
   void launch(int stream, std::span<const int> reads, double seconds, const std::function<void()>& run) override;
-  std::string error() const override { return error_; }
+  std::string error() const override { return error_.message(); }
 
   // Waits on the host for the event's work; false: a CUDA error.
   bool synchronize(int event);
@@ -67,7 +67,7 @@ class CudaDevice final : public Device {
   int next_stage_ = 0;
   uint64_t bytes_copied_ = 0;
   std::string note_;
-  mutable std::string error_;
+  mutable StickyError error_{"GPU tier", "every routed expert runs on the CPU from now on"};
 };
 
 }  // namespace strata::gpu

@@ -44,6 +44,17 @@ uint64_t GpuTier::fixed_bytes(const Model& m) {
   return total - experts;
 }
 
+uint64_t GpuTier::scratch_bytes(const Model& m) {
+  return uint64_t(512) * uint64_t(m.hparams().n_embd) * sizeof(float) * 16;
+}
+
+uint64_t GpuTier::slot_bytes(const Model& m) {
+  uint64_t slot = 0;
+  for (const LayerWeights& l : m.layers)
+    if (l.is_moe()) slot = std::max<uint64_t>(slot, l.gate_exps.mat_bytes() + l.up_exps.mat_bytes() + l.down_exps.mat_bytes());
+  return slot;
+}
+
 Result<std::unique_ptr<GpuTier>> GpuTier::create_simulated(const Model& m, const Options& o) {
   auto dev = std::make_unique<gpu::SimDevice>(o.vram_bytes, o.costs.pcie_gbps);
   gpu::SimDevice* sim = dev.get();
@@ -82,16 +93,9 @@ Result<std::unique_ptr<GpuTier>> GpuTier::create(const Model& m, const Options& 
   const HParams& hp = m.hparams();
   std::unique_ptr<GpuTier> t(new GpuTier(m, o, std::move(dev)));
   t->fixed_ = fixed_bytes(m);
-  // slots fit the largest expert (quant mixes give some layers' ffn_down more bits)
-  int n_moe = 0;
-  for (const LayerWeights& l : m.layers) {
-    if (!l.is_moe()) continue;
-    ++n_moe;
-    t->slot_bytes_ = std::max<uint64_t>(t->slot_bytes_, l.gate_exps.mat_bytes() + l.up_exps.mat_bytes() +
-                                                            l.down_exps.mat_bytes());
-  }
-  if (n_moe == 0) return Error{"the GPU tier caches routed experts, and this model has none"};
-  const uint64_t scratch = uint64_t(512) * uint64_t(hp.n_embd) * sizeof(float) * 16;
+  t->slot_bytes_ = slot_bytes(m);
+  if (t->slot_bytes_ == 0) return Error{"the GPU tier caches routed experts, and this model has none"};
+  const uint64_t scratch = scratch_bytes(m);
   gpu::Device& d = *t->dev_;
   // a real device ships experts through two staging slots of its own (the simulation only
   // costs the copies), when the budget has room for them beside the fixed part and scratch

@@ -57,6 +57,15 @@ class GpuTier {
   static Result<std::unique_ptr<GpuTier>> create_cuda(const Model& m, const Options& o);
   // The arena's fixed part for `m`: the bytes of every tensor but the routed experts'.
   static uint64_t fixed_bytes(const Model& m);
+  // Its scratch: the activations of a 512-token batch.
+  static uint64_t scratch_bytes(const Model& m);
+  // One expert slot: the largest routed expert's gate, up and down (quant mixes give some layers'
+  // ffn_down more bits); 0 when the model has no routed experts.
+  static uint64_t slot_bytes(const Model& m);
+  // A budget that holds the fixed part, scratch and `slots` expert slots.
+  static uint64_t arena_bytes(const Model& m, int slots) {
+    return fixed_bytes(m) + scratch_bytes(m) + uint64_t(slots) * slot_bytes(m);
+  }
 
   // moe_ffn: one layer's routing (the cache's heat).
   void observe(int layer, std::span<const int32_t> ids);
