@@ -334,6 +334,11 @@ float vec_dot_q6_K_q8_K(int64_t n, const void* vw, const void* va) {
 // as in vec_dot_q4_K_q8_K / vec_dot_q6_K_q8_K (integer sums exact; the same float accumulators
 // fed in the same order), so each result is bit-identical to that token's one-token dot.
 
+// A sum the several-token kernels build step by step: without this barrier GCC reassociates the
+// integer adds of every token and sub-block of a block into a tree, whose leaves (40 products for
+// 5 tokens) spill to the stack and come back. No instruction: v merely has to be in a register here.
+inline void keep_in_register(__m256i& v) { __asm__("" : "+x"(v)); }
+
 template <int T>
 void q4_K_tokens(int64_t nb, const block_q4_K* w, const uint8_t* a, size_t a_stride, float* y, int64_t ldy) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -359,6 +364,7 @@ void q4_K_tokens(int64_t nb, const block_q4_K* w, const uint8_t* a, size_t a_str
         const __m256i phi = _mm256_maddubs_epi16(hi, load32(at[t][i].qs + 64 * h + 32));
         sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(s_lo, plo));
         sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(s_hi, phi));
+        keep_in_register(sumi[t]);
       }
     }
     for (int t = 0; t < T; ++t) {
@@ -385,6 +391,7 @@ void q6_K_tokens(int64_t nb, const block_q6_K* w, const uint8_t* a, size_t a_str
     const __m128i scales = load16(w[i].scales);
     __m256i sumi[T];
     for (int t = 0; t < T; ++t) sumi[t] = _mm256_setzero_si256();
+#pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
       const __m256i ql0 = load32(w[i].ql + 64 * h);
       const __m256i ql1 = load32(w[i].ql + 64 * h + 32);
@@ -402,6 +409,7 @@ void q6_K_tokens(int64_t nb, const block_q6_K* w, const uint8_t* a, size_t a_str
         for (int t = 0; t < T; ++t) {
           const __m256i p = _mm256_maddubs_epi16(q[k], load32(at[t][i].qs + 128 * h + 32 * k));
           sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(sc, p));
+          keep_in_register(sumi[t]);
         }
       }
     }
