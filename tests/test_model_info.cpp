@@ -48,17 +48,19 @@ TEST(ModelInfo, ExpertAndActiveBytesOfVendoredModel) {
   EXPECT_EQ(s->n_expert_used, 4u);
   EXPECT_EQ(s->n_moe_layers, 3u);
 
-  uint64_t expected_active = 0, all_bytes = 0, min_e = UINT64_MAX, max_e = 0;
+  uint64_t expected_active = 0, all_bytes = 0, min_e = UINT64_MAX, max_e = 0, routed_params = 0;
   for (int l = 0; l < 3; ++l) {
-    uint64_t layer_experts = 0;
+    uint64_t layer_experts = 0, layer_params = 0;
     for (const char* n : {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}) {
       const GgufTensorInfo* t = f->find_tensor(strfmt("blk.%d.%s.weight", l, n));
       ASSERT_NE(t, nullptr);
       layer_experts += t->n_bytes;
+      layer_params += t->n_elements();
     }
     min_e = std::min(min_e, layer_experts / 8);
     max_e = std::max(max_e, layer_experts / 8);
     expected_active += layer_experts / 8 * 4;
+    routed_params += layer_params / 8 * 4;
   }
   for (const GgufTensorInfo& t : f->tensors()) {
     all_bytes += t.n_bytes;
@@ -70,9 +72,29 @@ TEST(ModelInfo, ExpertAndActiveBytesOfVendoredModel) {
   EXPECT_EQ(s->expert_bytes_max, max_e);
   EXPECT_LT(min_e, max_e);  // layer 2's ffn_down_exps is Q6_K in Q4_K_M
   EXPECT_EQ(s->active_bytes_per_token, expected_active);
+  EXPECT_EQ(s->active_routed_params_per_token, routed_params);
+  EXPECT_LT(s->active_routed_params_per_token, s->active_params_per_token);
   uint64_t role_bytes = 0;
   for (const RoleTotals& r : s->roles) role_bytes += r.n_bytes;
   EXPECT_EQ(role_bytes, all_bytes);
+}
+
+// An MTP (nextn) layer is not run in decode: a token's active weights, routed or not, are the
+// same with and without one, though the routed role's totals grow by the nextn layer's experts.
+TEST(ModelInfo, ActiveWeightsLeaveOutTheMtpLayer) {
+  std::vector<uint8_t> plain_bytes, mtp_bytes;
+  auto plain = test::synth_q8_model("tiny", plain_bytes);
+  auto mtp = test::synth_q8_model("tiny", mtp_bytes, 1);
+  ASSERT_TRUE(plain && mtp);
+  auto a = summarize_model(plain->file());
+  auto b = summarize_model(mtp->file());
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(b->n_nextn_layers, 1u);
+  EXPECT_GT(b->roles[int(TensorRole::routed_expert)].n_params, a->roles[int(TensorRole::routed_expert)].n_params);
+  EXPECT_GT(a->active_routed_params_per_token, 0u);
+  EXPECT_EQ(b->active_routed_params_per_token, a->active_routed_params_per_token);
+  EXPECT_EQ(b->active_params_per_token, a->active_params_per_token);
+  EXPECT_EQ(b->active_bytes_per_token, a->active_bytes_per_token);
 }
 
 TEST(ModelInfo, DeepSeek2HasDenseAndSharedParts) {

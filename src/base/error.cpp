@@ -8,7 +8,8 @@ namespace strata {
 
 bool StickyError::keep(const Status& s) {
   if (s.ok()) return true;
-  if (message_.empty()) {
+  if (!failed_) {
+    failed_ = true;
     message_ = s.error().message;
     std::fprintf(stderr, "strata: %s: %s; %s\n", who_, message_.c_str(), then_);
   }

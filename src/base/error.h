@@ -87,18 +87,20 @@ class [[nodiscard]] Status {
 
 // The first error of a part that turns itself off at its first failure (a GPU device or backend):
 // keep(s) is true while s is a success; the first failure's message is kept and logged once, as
-// "strata: <who>: <message>; <then>", and later failures are dropped.
+// "strata: <who>: <message>; <then>", and later failures are dropped. Not thread-safe: its owner
+// serializes the calls.
 class StickyError {
  public:
   StickyError(const char* who, const char* then) : who_(who), then_(then) {}
   bool keep(const Status& s);
-  bool empty() const { return message_.empty(); }
+  bool empty() const { return !failed_; }
   const std::string& message() const { return message_; }
 
  private:
   const char* who_;
   const char* then_;
   std::string message_;
+  bool failed_ = false;
 };
 
 // printf-style formatting into a std::string (messages only; not for hot paths).

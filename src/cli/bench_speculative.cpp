@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <random>
 
 #include "base/profiler.h"
@@ -69,9 +70,7 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
   const double routed_per_token = sm.n_expert ? double(sm.expert_bytes_total) * double(sm.n_expert_used) / double(sm.n_expert) : 0;
   const double dense_bytes = double(sm.active_bytes_per_token) - routed_per_token;
   // and the same in weights (each a multiply-add per token)
-  const double routed_params = sm.n_expert ? double(sm.roles[size_t(TensorRole::routed_expert)].n_params) *
-                                                 double(sm.n_expert_used) / double(sm.n_expert)
-                                           : 0;
+  const double routed_params = double(sm.active_routed_params_per_token);
   const double dense_params = double(sm.active_params_per_token) - routed_params;
   // end to end: generation with adaptive k against plain decoding. Greedy: the n-gram drafter
   // (a random-weight model may fall into loops it predicts), and drafts that are the plain run's
@@ -156,9 +155,14 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
     }
   }
   std::vector<KCost> costs;
-  // the steps' spans (per part: attention, experts, head, ...) say where a step's time goes
-  const bool was_enabled = prof::g_enabled.load();
-  prof::enable(true);
+  // the steps' spans (per part: attention, experts, head, ...) say where a step's time goes; the
+  // profiler is put back as it was however the loop ends
+  struct ProfilerOn {
+    bool was = prof::g_enabled.load();
+    ProfilerOn() { prof::enable(true); }
+    ~ProfilerOn() { prof::enable(was); }
+  };
+  std::optional<ProfilerOn> profiler_on(std::in_place);
   for (int k = 0; k <= o.max_k; ++k) {
     KCost c;
     c.k = k;
@@ -197,7 +201,7 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
     c.rest_bound_s = std::max(dense_bytes * bytes_s, 2.0 * dense_params * (k + 1) * ops_s);
     costs.push_back(c);
   }
-  prof::enable(was_enabled);
+  profiler_on.reset();
   // the MTP drafter's cost: after one plain step, draft(k) = a pass of the MTP layer over the new
   // position (with the head) plus k - 1 chained passes
   std::vector<double> mtp_draft_s;  // [k - 1]
@@ -291,9 +295,9 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
   // shared experts, head) reads its weights once but computes them k + 1 times
   using prof::Part;
   std::printf("\nwhere a step's time goes (ms), and each part's bound:\n\n");
-  std::printf("| %2s | %9s | %6s | %7s | %6s | %6s | %8s | %8s | %8s | %10s | %8s | %8s |\n", "k", "attention", "router",
+  std::printf("| %2s | %9s | %6s | %7s | %6s | %6s | %8s | %9s | %8s | %10s | %8s | %8s |\n", "k", "attention", "router",
               "shared", "head", "other", "rest", "bound", "experts", "bound", "per-part", "of it");
-  std::printf("|----|-----------|--------|---------|--------|--------|----------|----------|----------|------------|----------|----------|\n");
+  std::printf("|----|-----------|--------|---------|--------|--------|----------|-----------|----------|------------|----------|----------|\n");
   for (const KCost& c : costs) {
     const auto ms = [&](Part p) { return 1e3 * c.part_s[size_t(p)]; };
     const double experts = ms(Part::experts), rest = 1e3 * c.seconds - experts;
@@ -301,7 +305,7 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
                          ms(Part::shared_ffn) + ms(Part::output) + ms(Part::sample);
     const auto which = [&](double mem, double bound) { return bound > mem * 1.0001 ? "cmp" : "mem"; };
     const double e_mem = c.expert_bytes / (c.dram_gbps * 1e9), r_mem = dense_bytes / (c.dram_gbps * 1e9);
-    std::printf("| %2d | %9.2f | %6.2f | %7.2f | %6.2f | %6.2f | %8.2f | %4.1f %s | %8.2f | %6.1f %s | %8.2f | %8.2f |\n",
+    std::printf("| %2d | %9.2f | %6.2f | %7.2f | %6.2f | %6.2f | %8.2f | %5.1f %s | %8.2f | %6.1f %s | %8.2f | %8.2f |\n",
                 c.k, ms(Part::attention), ms(Part::router), ms(Part::shared_ffn), ms(Part::output),
                 1e3 * c.seconds - parts, rest, 1e3 * c.rest_bound_s, which(r_mem, c.rest_bound_s), experts,
                 1e3 * c.experts_bound_s, c.experts_bound_s > e_mem * 1.0001 ? (c.nvme_s >= c.experts_bound_s ? "nvm" : "cmp") : "mem",

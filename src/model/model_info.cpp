@@ -164,6 +164,7 @@ Result<ModelSummary> summarize_model(const GgufFile& f) {
       s.expert_bytes_total += bytes;
       active += per_expert * s.n_expert_used;
       active_params += expert_params_by_layer[layer] / n_exp * s.n_expert_used;
+      s.active_routed_params_per_token += expert_params_by_layer[layer] / n_exp * s.n_expert_used;
     }
   }
   s.active_bytes_per_token = active;

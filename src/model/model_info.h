@@ -74,6 +74,8 @@ struct ModelSummary {
   // Weight-matrix elements of that step (each one multiply-add per token: 2 ops per token in a
   // prefill's GEMM); the embedding row counts its n_embd elements.
   uint64_t active_params_per_token = 0;
+  // The routed experts' part of it (n_expert_used experts per MoE layer).
+  uint64_t active_routed_params_per_token = 0;
   uint64_t n_nextn_layers = 0;
 };
 
