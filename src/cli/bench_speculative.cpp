@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <optional>
 #include <random>
 
 #include "base/profiler.h"
@@ -19,6 +18,18 @@
 
 namespace strata::cli {
 namespace {
+
+// A part's bound: the larger of its read time (mem), its int8 work (cmp) and its disk reads (nvm).
+struct Bound {
+  double s = 0;
+  const char* kind = "mem";
+};
+Bound larger(double mem_s, double cmp_s, double nvme_s = 0) {
+  Bound b{mem_s, "mem"};
+  if (cmp_s > b.s) b = {cmp_s, "cmp"};
+  if (nvme_s > b.s) b = {nvme_s, "nvm"};
+  return b;
+}
 
 struct KCost {
   int k = 0;
@@ -33,7 +44,7 @@ struct KCost {
   // The routed experts and the rest run one after the other in each layer, so neither hides
   // behind the other: each part's bound is the larger of its reads and its int8 work (and NVMe
   // for the experts), and the step's per-part bound is their sum.
-  double experts_bound_s = 0, rest_bound_s = 0;
+  Bound experts_bound, rest_bound;
   std::array<double, size_t(prof::Part::count)> part_s{};  // mean seconds per part of the step
 };
 
@@ -162,46 +173,47 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
     ProfilerOn() { prof::enable(true); }
     ~ProfilerOn() { prof::enable(was); }
   };
-  std::optional<ProfilerOn> profiler_on(std::in_place);
-  for (int k = 0; k <= o.max_k; ++k) {
-    KCost c;
-    c.k = k;
-    const double gbps_before = cpu::measure_read_gbps(pool), gops_before = cpu::measure_int8_peak_gops(pool);
-    // one untimed step first (the expert cache and the scratch buffers settle)
-    for (int step = -1; step < o.steps; ++step) {
-      const int64_t pos = s.n_past();
-      const std::vector<int32_t> batch = random_tokens(k + 1);
-      prof::reset();
-      const uint64_t nvme0 = store ? store->stats().bytes_read : 0;
-      const auto t0 = std::chrono::steady_clock::now();
-      s.begin_speculation();
-      auto l = s.eval(batch, k > 0);
-      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (!l) {
-        std::fprintf(stderr, "strata bench: %s\n", l.error().message.c_str());
-        return 1;
+  {
+    const ProfilerOn on;
+    for (int k = 0; k <= o.max_k; ++k) {
+      KCost c;
+      c.k = k;
+      const double gbps_before = cpu::measure_read_gbps(pool), gops_before = cpu::measure_int8_peak_gops(pool);
+      // one untimed step first (the expert cache and the scratch buffers settle)
+      for (int step = -1; step < o.steps; ++step) {
+        const int64_t pos = s.n_past();
+        const std::vector<int32_t> batch = random_tokens(k + 1);
+        prof::reset();
+        const uint64_t nvme0 = store ? store->stats().bytes_read : 0;
+        const auto t0 = std::chrono::steady_clock::now();
+        s.begin_speculation();
+        auto l = s.eval(batch, k > 0);
+        const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (!l) {
+          std::fprintf(stderr, "strata bench: %s\n", l.error().message.c_str());
+          return 1;
+        }
+        s.rewind(pos + 1);
+        if (step < 0) continue;
+        c.seconds += sec / o.steps;
+        c.experts += double(prof::g_totals.experts_run.load()) / o.steps;
+        c.expert_bytes += double(prof::g_totals.expert_bytes.load()) / o.steps;
+        if (store) c.nvme_bytes += double(store->stats().bytes_read - nvme0) / o.steps;
+        for (size_t p = 0; p < c.part_s.size(); ++p) c.part_s[p] += 1e-9 * double(prof::g_totals.ns[p].load()) / o.steps;
       }
-      s.rewind(pos + 1);
-      if (step < 0) continue;
-      c.seconds += sec / o.steps;
-      c.experts += double(prof::g_totals.experts_run.load()) / o.steps;
-      c.expert_bytes += double(prof::g_totals.expert_bytes.load()) / o.steps;
-      if (store) c.nvme_bytes += double(store->stats().bytes_read - nvme0) / o.steps;
-      for (size_t p = 0; p < c.part_s.size(); ++p) c.part_s[p] += 1e-9 * double(prof::g_totals.ns[p].load()) / o.steps;
+      c.dram_gbps = 0.5 * (gbps_before + cpu::measure_read_gbps(pool));
+      c.int8_gops = 0.5 * (gops_before + cpu::measure_int8_peak_gops(pool));
+      c.memory_s = (dense_bytes + c.expert_bytes) / (c.dram_gbps * 1e9);
+      // every token multiplies its own weights: 2 ops per weight per token (k + 1 tokens)
+      c.compute_s = 2.0 * double(sm.active_params_per_token) * (k + 1) / (c.int8_gops * 1e9);
+      if (store && o.nvme_probe_gbps > 0) c.nvme_s = c.nvme_bytes / (o.nvme_probe_gbps * 1e9);
+      c.roofline = std::max({c.memory_s, c.compute_s, c.nvme_s});
+      const double ops_s = 1.0 / (c.int8_gops * 1e9), bytes_s = 1.0 / (c.dram_gbps * 1e9);
+      c.experts_bound = larger(c.expert_bytes * bytes_s, 2.0 * routed_params * (k + 1) * ops_s, c.nvme_s);
+      c.rest_bound = larger(dense_bytes * bytes_s, 2.0 * dense_params * (k + 1) * ops_s);
+      costs.push_back(c);
     }
-    c.dram_gbps = 0.5 * (gbps_before + cpu::measure_read_gbps(pool));
-    c.int8_gops = 0.5 * (gops_before + cpu::measure_int8_peak_gops(pool));
-    c.memory_s = (dense_bytes + c.expert_bytes) / (c.dram_gbps * 1e9);
-    // every token multiplies its own weights: 2 ops per weight per token (k + 1 tokens)
-    c.compute_s = 2.0 * double(sm.active_params_per_token) * (k + 1) / (c.int8_gops * 1e9);
-    if (store && o.nvme_probe_gbps > 0) c.nvme_s = c.nvme_bytes / (o.nvme_probe_gbps * 1e9);
-    c.roofline = std::max({c.memory_s, c.compute_s, c.nvme_s});
-    const double ops_s = 1.0 / (c.int8_gops * 1e9), bytes_s = 1.0 / (c.dram_gbps * 1e9);
-    c.experts_bound_s = std::max({c.expert_bytes * bytes_s, 2.0 * routed_params * (k + 1) * ops_s, c.nvme_s});
-    c.rest_bound_s = std::max(dense_bytes * bytes_s, 2.0 * dense_params * (k + 1) * ops_s);
-    costs.push_back(c);
   }
-  profiler_on.reset();
   // the MTP drafter's cost: after one plain step, draft(k) = a pass of the MTP layer over the new
   // position (with the head) plus k - 1 chained passes
   std::vector<double> mtp_draft_s;  // [k - 1]
@@ -262,9 +274,9 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
       nlohmann::json parts;
       for (size_t p = 0; p < c.part_s.size(); ++p) parts[std::string(prof::kPartNames[p])] = c.part_s[p];
       j["curve"].back()["parts_s"] = parts;
-      j["curve"].back()["experts_bound_s"] = c.experts_bound_s;
-      j["curve"].back()["rest_bound_s"] = c.rest_bound_s;
-      j["curve"].back()["of_per_part_bound"] = (c.experts_bound_s + c.rest_bound_s) / c.seconds;
+      j["curve"].back()["experts_bound_s"] = c.experts_bound.s;
+      j["curve"].back()["rest_bound_s"] = c.rest_bound.s;
+      j["curve"].back()["of_per_part_bound"] = (c.experts_bound.s + c.rest_bound.s) / c.seconds;
     }
     for (size_t i = 0; i < rates.size(); ++i)
       j["speedup"].push_back({{"acceptance", rates[i]}, {"best_k", best[i].first}, {"speedup", best[i].second}});
@@ -303,13 +315,11 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
     const double experts = ms(Part::experts), rest = 1e3 * c.seconds - experts;
     const double parts = ms(Part::embed) + ms(Part::attention) + ms(Part::router) + experts +
                          ms(Part::shared_ffn) + ms(Part::output) + ms(Part::sample);
-    const auto which = [&](double mem, double bound) { return bound > mem * 1.0001 ? "cmp" : "mem"; };
-    const double e_mem = c.expert_bytes / (c.dram_gbps * 1e9), r_mem = dense_bytes / (c.dram_gbps * 1e9);
     std::printf("| %2d | %9.2f | %6.2f | %7.2f | %6.2f | %6.2f | %8.2f | %5.1f %s | %8.2f | %6.1f %s | %8.2f | %8.2f |\n",
                 c.k, ms(Part::attention), ms(Part::router), ms(Part::shared_ffn), ms(Part::output),
-                1e3 * c.seconds - parts, rest, 1e3 * c.rest_bound_s, which(r_mem, c.rest_bound_s), experts,
-                1e3 * c.experts_bound_s, c.experts_bound_s > e_mem * 1.0001 ? (c.nvme_s >= c.experts_bound_s ? "nvm" : "cmp") : "mem",
-                1e3 * (c.experts_bound_s + c.rest_bound_s), (c.experts_bound_s + c.rest_bound_s) / c.seconds);
+                1e3 * c.seconds - parts, rest, 1e3 * c.rest_bound.s, c.rest_bound.kind, experts,
+                1e3 * c.experts_bound.s, c.experts_bound.kind, 1e3 * (c.experts_bound.s + c.rest_bound.s),
+                (c.experts_bound.s + c.rest_bound.s) / c.seconds);
   }
   std::printf("rest: the step outside the routed experts (attention with its projections, router, shared experts, "
               "head), which reads its weights once but multiplies them k + 1 times; each part's bound is the larger "
