@@ -18,7 +18,7 @@
 #include "cpu/quant_traits.h"
 #include "cpu/repack.h"
 #include "cpu/thread_pool.h"
-#include "model/weights.h"
+#include "cpu/weights.h"
 
 namespace strata::bench {
 

@@ -16,7 +16,7 @@
 
 #include "cpu/fp16.h"
 #include "cpu/quant_blocks.h"
-#include "model/ggml_type.h"
+#include "cpu/ggml_type.h"
 
 namespace strata {
 

@@ -26,10 +26,11 @@
 
 #include "cpu/fp16.h"
 #include "cpu/quant_traits.h"
+#include "engine/engine.h"
 #include "engine/session.h"
 #include "gpu/cuda_backend.h"
 #include "gpu/cuda_device.h"
-#include "gpu/gpu_tier.h"
+#include "engine/gpu_tier.h"
 #include "gpu/cuda_kernels.h"
 #include "gpu/gpu_devices.h"
 #include "model/blocks.h"
@@ -70,8 +71,10 @@ TEST(CudaKernels, WithoutADeviceEverythingSaysSo) {
   ASSERT_FALSE(dev.ok());
   EXPECT_NE(dev.error().message.find("no usable CUDA device"), std::string::npos) << dev.error().message;
   std::vector<uint8_t> bytes;
-  auto m = test::synth_q8_model("tiny", bytes);
-  ASSERT_TRUE(m);
+  auto loaded = test::synth_q8_model("tiny", bytes);
+  ASSERT_TRUE(loaded);
+  Engine engine(std::move(loaded));
+  Model* m = &engine.model();
   auto tier = GpuTier::create_cuda(*m, {.vram_bytes = uint64_t(1) << 30});
   ASSERT_FALSE(tier.ok());
   EXPECT_NE(tier.error().message.find("no usable CUDA device"), std::string::npos) << tier.error().message;
@@ -383,12 +386,13 @@ void check_model_on_cuda(const std::filesystem::path& dir, const std::string& qu
     auto be = CudaBackend::create(uint64_t(4) << 30);
     ASSERT_TRUE(be.ok()) << be.error().message;
     const CudaBackend* cuda = be->get();
-    (*model)->backend = std::move(*be);
-    const int V = (*model)->hparams().n_vocab;
+    Engine engine(std::move(*model));
+    engine.set_backend(std::move(*be));
+    const int V = engine.model().hparams().n_vocab;
     std::ifstream in(dir / "tokens.json");
     const auto ids = nlohmann::json::parse(in)["ids"].get<std::vector<int32_t>>();
     ASSERT_FALSE(ids.empty());
-    Session s(**model, 256, cpu::MatmulPath::quantized);
+    Session s(engine, 256, cpu::MatmulPath::quantized);
     ASSERT_EQ(&s.backend(), cuda);
     auto logits = s.eval(ids, true);
     ASSERT_TRUE(logits.ok()) << logits.error().message;
@@ -615,12 +619,14 @@ class GpuTierCudaArch : public ::testing::TestWithParam<const char*> {};
 TEST_P(GpuTierCudaArch, RoutedExpertsOnTheGpuMatchTheCpuOnlyPath) {
   SKIP_WITHOUT_DEVICE();
   std::vector<uint8_t> bytes;
-  auto m = test::synth_q8_model(GetParam(), bytes);
-  ASSERT_TRUE(m);
+  auto loaded = test::synth_q8_model(GetParam(), bytes);
+  ASSERT_TRUE(loaded);
+  Engine engine(std::move(loaded));
+  Model* m = &engine.model();
   const int V = m->hparams().n_vocab;
   const std::vector<int32_t> ids = test::random_ids(48, 3, V);
   auto decode = [&](std::vector<float>& all) {
-    Session s(*m, 64);
+    Session s(engine, 64);
     auto first = s.eval(std::span<const int32_t>(ids.data(), 16), true);  // a prefill: busy experts may ship
     ASSERT_TRUE(first.ok()) << first.error().message;
     all = *first;
@@ -641,11 +647,11 @@ TEST_P(GpuTierCudaArch, RoutedExpertsOnTheGpuMatchTheCpuOnlyPath) {
   o.cache.max_promotions = 64;
   auto tier = GpuTier::create_cuda(*m, o);
   ASSERT_TRUE(tier.ok()) << tier.error().message;
-  m->gpu_tier = std::move(*tier);
+  engine.set_gpu_tier(std::move(*tier));
   decode(gpu);
-  const GpuTier::Stats st = m->gpu_tier->stats();
-  std::printf("  %s: %s\n", GetParam(), m->gpu_tier->summary().c_str());
-  m->gpu_tier.reset();
+  const GpuTier::Stats st = engine.gpu_tier()->stats();
+  std::printf("  %s: %s\n", GetParam(), engine.gpu_tier()->summary().c_str());
+  engine.set_gpu_tier(nullptr);
   ASSERT_EQ(gpu.size(), cpu.size());
   const test::LogitStats ls = test::compare(gpu, cpu, V);
   EXPECT_LE(ls.median_rms_rel, 0.05);

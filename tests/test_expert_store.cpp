@@ -15,6 +15,7 @@
 #include "engine/session.h"
 #include "model/model_info.h"
 #include "model/synth.h"
+#include "engine/engine.h"
 #include "storage/expert_store.h"
 
 namespace strata {
@@ -52,19 +53,21 @@ class StreamedModel {
     return std::move(*m);
   }
   // Streamed, with a cache of the fewest slots the store accepts plus `extra` (negative: too few).
-  Result<std::unique_ptr<Model>> streamed(int64_t extra, ExpertStoreOptions o) const {
-    auto m = Model::load(path_, MappedFile::Mode::mmap, true, /*stream_experts=*/true);
-    if (!m) return m.error();
+  Result<std::unique_ptr<Engine>> streamed(int64_t extra, ExpertStoreOptions o) const {
+    auto loaded = Model::load(path_, MappedFile::Mode::mmap, true, /*stream_experts=*/true);
+    if (!loaded) return loaded.error();
+    auto m = std::make_unique<Engine>(std::move(*loaded));
+    const ExpertLayout layout = expert_layout(m->model());
     // the slot size, from a first store with plenty of room
     ExpertStoreOptions probe = o;
     probe.cache_bytes = uint64_t(1) << 30;
-    auto s = ExpertStore::open(**m, path_, probe);
+    auto s = ExpertStore::open(layout, path_, probe);
     if (!s) return s.error();
     o.cache_bytes = uint64_t((*s)->min_slots() + extra) * (*s)->slot_bytes();
     s->reset();
-    auto store = ExpertStore::open(**m, path_, o);
+    auto store = ExpertStore::open(layout, path_, o);
     if (!store) return store.error();
-    (*m)->expert_store = std::move(*store);
+    m->set_expert_store(std::move(*store));
     return m;
   }
 
@@ -79,9 +82,14 @@ ExpertStoreOptions small_queue() {
   return o;
 }
 
-// A prompt, then greedy decoding: the logits of every step.
-std::vector<std::vector<float>> run(const Model& m, int n_prompt, int n_gen) {
-  Session s(m, 128);
+const Model& model_of(const Model& m) { return m; }
+const Model& model_of(const Engine& e) { return e.model(); }
+
+// A prompt, then greedy decoding: the logits of every step (of a model alone, or an engine's).
+template <class Owner>
+std::vector<std::vector<float>> run(const Owner& owner, int n_prompt, int n_gen) {
+  Session s(owner, 128);
+  const Model& m = model_of(owner);
   std::vector<int32_t> prompt;
   std::mt19937 rng(3);
   for (int i = 0; i < n_prompt; ++i) prompt.push_back(int32_t(rng() % uint32_t(m.hparams().n_vocab)));
@@ -124,10 +132,10 @@ TEST(ExpertStore, StreamedEqualsInRam) {
     EXPECT_NE(m.error().message.find("at least"), std::string::npos) << m.error().message;
     m = sm.streamed(0, small_queue());
     ASSERT_TRUE(m.ok()) << m.error().message;
-    ASSERT_LT((*m)->expert_store->n_slots(), total_experts(*ram));
-    EXPECT_GT((*m)->resident_bytes, 0u);
+    ASSERT_LT((*m)->expert_store()->n_slots(), total_experts(*ram));
+    EXPECT_GT((*m)->model().resident_bytes, 0u);
     expect_identical(run(**m, 20, 24), want);
-    const ExpertStoreStats st = (*m)->expert_store->stats();
+    const ExpertStoreStats st = (*m)->expert_store()->stats();
     EXPECT_GT(st.demand_reads, 0);
     EXPECT_GT(st.hits, 0);
     EXPECT_GT(st.prefetch_reads, 0);
@@ -154,20 +162,20 @@ TEST(ExpertStore, DeepSeek4HashLayersAreReadBeforeTheirLayer) {
   o.faults = &slow;
   auto m = sm.streamed(0, o);
   ASSERT_TRUE(m.ok()) << m.error().message;
-  ASSERT_LT((*m)->expert_store->n_slots(), total_experts(*ram));
+  ASSERT_LT((*m)->expert_store()->n_slots(), total_experts(*ram));
   expect_identical(run(**m, 20, 24), want);
   // decode steps (a prompt needs more of the layer's experts than reads may be in flight)
   Session s(**m, 128);
   std::vector<int32_t> prompt = {5, 77, 301, 9, 64};
   auto l = s.eval(prompt);
   ASSERT_TRUE(l.ok());
-  (*m)->expert_store->reset_stats();
+  (*m)->expert_store()->reset_stats();
   for (int i = 0; i < 24; ++i) {
     const int32_t next = argmax(*l);
     l = s.eval(std::span<const int32_t>(&next, 1));
     ASSERT_TRUE(l.ok());
   }
-  const ExpertStoreStats st = (*m)->expert_store->stats();
+  const ExpertStoreStats st = (*m)->expert_store()->stats();
   ASSERT_EQ(st.demand_reads_by_layer.size(), 3u);
   std::printf("  deepseek4 streamed decode: demand reads by layer %lld %lld %lld, prefetches used %lld\n",
               (long long)st.demand_reads_by_layer[0], (long long)st.demand_reads_by_layer[1],
@@ -222,7 +230,7 @@ TEST(ExpertStore, DecodeUnderEachFault) {
     auto m = sm.streamed(0, o);
     ASSERT_TRUE(m.ok()) << m.error().message;
     expect_identical(run(**m, 6, 6), want);
-    ExpertStore& store = *(*m)->expert_store;
+    ExpertStore& store = *(*m)->expert_store();
     store.drain();
     EXPECT_EQ(store.slot_counts().other, 0);
   }
@@ -238,27 +246,29 @@ TEST(ExpertStore, FileTruncatedAfterStart) {
     std::string p;
     ~Remove() { std::remove(p.c_str()); }
   } remove_copy{copy};
-  auto m = Model::load(copy, MappedFile::Mode::mmap, true, true);
-  ASSERT_TRUE(m.ok()) << m.error().message;
+  auto loaded = Model::load(copy, MappedFile::Mode::mmap, true, true);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+  Engine engine(std::move(*loaded));
+  const Model& model = engine.model();
   ExpertStoreOptions o = small_queue();
   o.cache_bytes = uint64_t(1) << 30;
-  auto store = ExpertStore::open(**m, copy, o);
+  auto store = ExpertStore::open(expert_layout(model), copy, o);
   ASSERT_TRUE(store.ok()) << store.error().message;
-  (*m)->expert_store = std::move(*store);
+  engine.set_expert_store(std::move(*store));
   // cut in the middle of the last layer's down stack (the resident weights are already in RAM)
-  const Weight& down = (*m)->layers.back().down_exps;
-  const uint64_t cut = uint64_t(down.data - (*m)->file().bytes_.data()) + down.mat_bytes() / 2;
+  const Weight& down = model.layers.back().down_exps;
+  const uint64_t cut = uint64_t(down.data - model.file().bytes_.data()) + down.mat_bytes() / 2;
   std::filesystem::resize_file(copy, cut);
-  Session s(**m, 64);
+  Session s(engine, 64);
   std::vector<int32_t> prompt;
-  for (int i = 0; i < 24; ++i) prompt.push_back(int32_t(i * 37 % (*m)->hparams().n_vocab));
+  for (int i = 0; i < 24; ++i) prompt.push_back(int32_t(i * 37 % model.hparams().n_vocab));
   auto l = s.eval(prompt);  // 24 tokens route to every expert of the last layer
   ASSERT_FALSE(l.ok());
   EXPECT_NE(l.error().message.find(copy), std::string::npos) << l.error().message;
   EXPECT_NE(l.error().message.find("end of file"), std::string::npos) << l.error().message;
   EXPECT_EQ(s.n_past(), 0);
-  (*m)->expert_store->drain();
-  EXPECT_EQ((*m)->expert_store->slot_counts().other, 0);
+  engine.expert_store()->drain();
+  EXPECT_EQ(engine.expert_store()->slot_counts().other, 0);
 }
 
 TEST(ExpertStore, FailedReadIsAnErrorNamingFileAndOffset) {
@@ -286,7 +296,7 @@ TEST(ExpertStore, UnusedFailedPrefetchIsNotAnError) {
   o.faults = &f;
   auto m = sm.streamed(0, o);
   ASSERT_TRUE(m.ok()) << m.error().message;
-  ExpertStore& store = *(*m)->expert_store;
+  ExpertStore& store = *(*m)->expert_store();
   const std::vector<int32_t> predicted = {3};
   store.prefetch(1, 1, predicted);
   store.drain();
@@ -317,7 +327,7 @@ TEST(ExpertStore, SlotsAreNeverReusedWhileInUse) {
   o.faults = &f;
   auto m = sm.streamed(0, o);
   ASSERT_TRUE(m.ok()) << m.error().message;
-  ExpertStore& store = *(*m)->expert_store;
+  ExpertStore& store = *(*m)->expert_store();
   const HParams& hp = ram->hparams();
   std::mt19937 rng(5);
   for (int step = 0; step < 300; ++step) {
@@ -405,11 +415,11 @@ TEST(ExpertStore, BudgetAccounting) {
   EXPECT_EQ((*m)->resident_bytes, tiny->n_bytes - tiny->expert_bytes_total);
   ExpertStoreOptions o = small_queue();
   o.cache_bytes = uint64_t(1) << 30;
-  auto store = ExpertStore::open(**m, sm.path(), o);
+  auto store = ExpertStore::open(expert_layout(**m), sm.path(), o);
   ASSERT_TRUE(store.ok()) << store.error().message;
   o.cache_bytes = (*store)->slot_bytes() * uint64_t(2 * (*store)->min_slots() + 1) / 2;  // and half a slot
   store->reset();
-  store = ExpertStore::open(**m, sm.path(), o);
+  store = ExpertStore::open(expert_layout(**m), sm.path(), o);
   ASSERT_TRUE(store.ok()) << store.error().message;
   EXPECT_LE((*store)->arena_bytes(), o.cache_bytes);
   EXPECT_GT((*store)->arena_bytes() + (*store)->slot_bytes(), o.cache_bytes);

@@ -1,4 +1,4 @@
-// The GPU tier on the simulated device, wired into the forward pass (gpu/gpu_tier.h): experts the
+// The GPU tier on the simulated device, wired into the forward pass (engine/gpu_tier.h): experts the
 // VRAM cache holds are computed from their slot, and the logits equal the CPU-only path bit for
 // bit on every architecture; the cache fills from the routing; the KV cache of a growing context
 // takes slots and gives them back when the session ends; a budget too small is a clear error.
@@ -6,8 +6,9 @@
 
 #include <random>
 
+#include "engine/engine.h"
 #include "engine/session.h"
-#include "gpu/gpu_tier.h"
+#include "engine/gpu_tier.h"
 #include "test_support.h"
 
 namespace strata {
@@ -17,11 +18,13 @@ class GpuTierArch : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(GpuTierArch, LogitsEqualTheCpuOnlyPathBitForBit) {
   std::vector<uint8_t> bytes;
-  auto m = test::synth_q8_model(GetParam(), bytes);
-  ASSERT_TRUE(m);
+  auto loaded = test::synth_q8_model(GetParam(), bytes);
+  ASSERT_TRUE(loaded);
+  Engine engine(std::move(loaded));
+  Model* m = &engine.model();
   const std::vector<int32_t> ids = test::random_ids(48, 3, m->hparams().n_vocab);
   auto decode = [&](std::vector<float>& all) {
-    Session s(*m, 64);
+    Session s(engine, 64);
     ASSERT_TRUE(s.eval(std::span<const int32_t>(ids.data(), 8)));
     for (size_t i = 8; i < ids.size(); ++i) {
       auto l = s.eval(std::span<const int32_t>(&ids[i], 1));
@@ -36,16 +39,16 @@ TEST_P(GpuTierArch, LogitsEqualTheCpuOnlyPathBitForBit) {
                             })) * m->hparams().n_expert;
   auto tier = GpuTier::create_simulated(*m, {.vram_bytes = GpuTier::arena_bytes(*m, n_moe_experts / 3)});
   ASSERT_TRUE(tier.ok()) << tier.error().message;
-  m->gpu_tier = std::move(*tier);
+  engine.set_gpu_tier(std::move(*tier));
   decode(gpu);
   EXPECT_EQ(gpu, cpu);
-  const GpuTier::Stats st = m->gpu_tier->stats();
-  EXPECT_GT(st.gpu_uses, 0u) << m->gpu_tier->summary();
+  const GpuTier::Stats st = engine.gpu_tier()->stats();
+  EXPECT_GT(st.gpu_uses, 0u) << engine.gpu_tier()->summary();
   EXPECT_GT(st.cpu_uses, 0u);
   EXPECT_GT(st.promotions, 0u);
   EXPECT_EQ(st.stalls, 0u);
-  EXPECT_TRUE(m->gpu_tier->device().overlaps().empty());
-  m->gpu_tier.reset();
+  EXPECT_TRUE(engine.gpu_tier()->device().overlaps().empty());
+  engine.set_gpu_tier(nullptr);
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, GpuTierArch,
@@ -54,17 +57,19 @@ INSTANTIATE_TEST_SUITE_P(Archs, GpuTierArch,
 // A session's growing KV cache takes expert slots; when the session ends they come back.
 TEST(GpuTier, KvCacheOfAGrowingContextTakesSlotsAndGivesThemBack) {
   std::vector<uint8_t> bytes;
-  auto m = test::synth_q8_model("tiny", bytes);
-  ASSERT_TRUE(m);
+  auto loaded = test::synth_q8_model("tiny", bytes);
+  ASSERT_TRUE(loaded);
+  Engine engine(std::move(loaded));
+  Model* m = &engine.model();
   auto tier = GpuTier::create_simulated(*m, {.vram_bytes = GpuTier::arena_bytes(*m, 12)});
   ASSERT_TRUE(tier.ok());
-  m->gpu_tier = std::move(*tier);
-  GpuTier& t = *m->gpu_tier;
+  engine.set_gpu_tier(std::move(*tier));
+  GpuTier& t = *engine.gpu_tier();
   ASSERT_EQ(t.stats().slots, 12);
   const uint64_t per_token = kv_bytes_per_token(m->hparams(), KvType::f16);
   const int n = int(6 * t.stats().slot_bytes / per_token);  // about 6 slots' worth of KV
   {
-    Session s(*m, n + 8);
+    Session s(engine, n + 8);
     const std::vector<int32_t> ids = test::random_ids(n, 7, m->hparams().n_vocab);
     for (int i = 0; i < n; i += 64) {
       const int len = std::min(64, n - i);
@@ -76,13 +81,15 @@ TEST(GpuTier, KvCacheOfAGrowingContextTakesSlotsAndGivesThemBack) {
   }
   EXPECT_EQ(t.stats().kv_bytes, 0u);
   EXPECT_EQ(t.stats().slots, 12);
-  m->gpu_tier.reset();
+  engine.set_gpu_tier(nullptr);
 }
 
 TEST(GpuTier, ABudgetThatCannotHoldTheFixedPartIsAnError) {
   std::vector<uint8_t> bytes;
-  auto m = test::synth_q8_model("tiny", bytes);
-  ASSERT_TRUE(m);
+  auto loaded = test::synth_q8_model("tiny", bytes);
+  ASSERT_TRUE(loaded);
+  Engine engine(std::move(loaded));
+  Model* m = &engine.model();
   auto tier = GpuTier::create_simulated(*m, {.vram_bytes = GpuTier::arena_bytes(*m, 0) - 1});
   ASSERT_FALSE(tier.ok());
   EXPECT_NE(tier.error().message.find("cannot hold what every token needs"), std::string::npos)
@@ -93,26 +100,28 @@ TEST(GpuTier, ABudgetThatCannotHoldTheFixedPartIsAnError) {
 // the step (and the logits still equal the CPU-only path); one-token decode steps ship nothing.
 TEST(GpuTier, PrefillShipsBusyExpertsDecodeDoesNot) {
   std::vector<uint8_t> bytes;
-  auto m = test::synth_q8_model("tiny", bytes);
-  ASSERT_TRUE(m);
+  auto loaded = test::synth_q8_model("tiny", bytes);
+  ASSERT_TRUE(loaded);
+  Engine engine(std::move(loaded));
+  Model* m = &engine.model();
   const std::vector<int32_t> ids = test::random_ids(72, 5, m->hparams().n_vocab);
   auto run = [&](std::vector<float>& all) {
-    Session s(*m, 96);
+    Session s(engine, 96);
     auto first = s.eval(std::span<const int32_t>(ids.data(), 64));
     ASSERT_TRUE(first.ok());
     all.insert(all.end(), first->begin(), first->end());
-    if (m->gpu_tier) {
-      EXPECT_GT(m->gpu_tier->stats().ship_uses, 0u) << m->gpu_tier->summary();
-      EXPECT_GT(m->gpu_tier->stats().model_copy_s, 0.0);
+    if (engine.gpu_tier()) {
+      EXPECT_GT(engine.gpu_tier()->stats().ship_uses, 0u) << engine.gpu_tier()->summary();
+      EXPECT_GT(engine.gpu_tier()->stats().model_copy_s, 0.0);
     }
-    const uint64_t shipped = m->gpu_tier ? m->gpu_tier->stats().ship_uses : 0;
+    const uint64_t shipped = engine.gpu_tier() ? engine.gpu_tier()->stats().ship_uses : 0;
     for (size_t i = 64; i < ids.size(); ++i) {
       auto l = s.eval(std::span<const int32_t>(&ids[i], 1));
       ASSERT_TRUE(l.ok());
       all.insert(all.end(), l->begin(), l->end());
     }
-    if (m->gpu_tier) {
-      EXPECT_EQ(m->gpu_tier->stats().ship_uses, shipped) << "a decode step shipped an expert";
+    if (engine.gpu_tier()) {
+      EXPECT_EQ(engine.gpu_tier()->stats().ship_uses, shipped) << "a decode step shipped an expert";
     }
   };
   std::vector<float> cpu, gpu;
@@ -122,11 +131,11 @@ TEST(GpuTier, PrefillShipsBusyExpertsDecodeDoesNot) {
   o.costs.cpu_ops = 300e9;
   auto tier = GpuTier::create_simulated(*m, o);
   ASSERT_TRUE(tier.ok()) << tier.error().message;
-  m->gpu_tier = std::move(*tier);
+  engine.set_gpu_tier(std::move(*tier));
   run(gpu);
   EXPECT_EQ(gpu, cpu);
-  EXPECT_NE(m->gpu_tier->summary().find("shipped"), std::string::npos);
-  m->gpu_tier.reset();
+  EXPECT_NE(engine.gpu_tier()->summary().find("shipped"), std::string::npos);
+  engine.set_gpu_tier(nullptr);
 }
 
 // Warm start: the counts one run saves fill a new tier's slots at once with that run's hottest
@@ -134,13 +143,15 @@ TEST(GpuTier, PrefillShipsBusyExpertsDecodeDoesNot) {
 // not strata's are clear errors.
 TEST(GpuTier, WarmStartFromSavedRoutingCounts) {
   std::vector<uint8_t> bytes;
-  auto m = test::synth_q8_model("tiny", bytes);
-  ASSERT_TRUE(m);
+  auto loaded = test::synth_q8_model("tiny", bytes);
+  ASSERT_TRUE(loaded);
+  Engine engine(std::move(loaded));
+  Model* m = &engine.model();
   const auto dir = test::scratch_dir("gpu-heat");
   const std::string path = (dir / "heat.txt").string();
   const std::vector<int32_t> ids = test::random_ids(40, 9, m->hparams().n_vocab);
   auto decode = [&](int n) {
-    Session s(*m, 64);
+    Session s(engine, 64);
     for (int i = 0; i < n; ++i) ASSERT_TRUE(s.eval(std::span<const int32_t>(&ids[size_t(i)], 1)).ok());
   };
   const GpuTier::Options o{.vram_bytes = GpuTier::arena_bytes(*m, 6)};
@@ -148,24 +159,24 @@ TEST(GpuTier, WarmStartFromSavedRoutingCounts) {
   {
     auto tier = GpuTier::create_simulated(*m, o);
     ASSERT_TRUE(tier.ok());
-    m->gpu_tier = std::move(*tier);
+    engine.set_gpu_tier(std::move(*tier));
     decode(40);
-    ASSERT_TRUE(m->gpu_tier->save_heat(path).ok());
-    m->gpu_tier.reset();
+    ASSERT_TRUE(engine.gpu_tier()->save_heat(path).ok());
+    engine.set_gpu_tier(nullptr);
   }
   auto first_steps_from_vram = [&](bool warm) -> uint64_t {
     auto tier = GpuTier::create_simulated(*m, o);
     EXPECT_TRUE(tier.ok());
-    m->gpu_tier = std::move(*tier);
+    engine.set_gpu_tier(std::move(*tier));
     if (warm) {
-      auto n = m->gpu_tier->load_heat(path);
+      auto n = engine.gpu_tier()->load_heat(path);
       EXPECT_TRUE(n.ok()) << (n.ok() ? "" : n.error().message);
       EXPECT_EQ(n.ok() ? *n : -1, 6);  // every slot filled at once
-      EXPECT_EQ(m->gpu_tier->stats().resident, 6);
+      EXPECT_EQ(engine.gpu_tier()->stats().resident, 6);
     }
     decode(2);
-    const uint64_t uses = m->gpu_tier->stats().gpu_uses;
-    m->gpu_tier.reset();
+    const uint64_t uses = engine.gpu_tier()->stats().gpu_uses;
+    engine.set_gpu_tier(nullptr);
     return uses;
   };
   const uint64_t cold = first_steps_from_vram(false), warm = first_steps_from_vram(true);

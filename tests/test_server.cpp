@@ -32,7 +32,7 @@ namespace {
 using nlohmann::json;
 
 struct TestServer {
-  std::unique_ptr<Model> model;
+  std::unique_ptr<Engine> engine;
   std::unique_ptr<Tokenizer> tok;
   ModelSummary summary;
   std::unique_ptr<Scheduler> scheduler;
@@ -46,26 +46,27 @@ struct TestServer {
     const std::string path = (test::data_dir() / "models" / "qwen3moe" / "model-Q4_K_M.gguf").string();
     auto m = Model::load(path, MappedFile::Mode::mmap, true, /*stream_experts=*/cache_slots > 0);
     EXPECT_TRUE(m);
-    model = std::move(*m);
+    engine = std::make_unique<Engine>(std::move(*m));
+    const Model* model = &engine->model();
     if (cache_slots > 0) {
       ExpertStoreOptions o;
       o.queue_depth = 3;
       o.prefetch_depth = 1;
       o.cache_bytes = uint64_t(1) << 30;  // first a store with room to spare, for the slot size
-      auto probe = ExpertStore::open(*model, path, o);
+      auto probe = ExpertStore::open(expert_layout(*model), path, o);
       EXPECT_TRUE(probe);
       o.cache_bytes = uint64_t(std::max((*probe)->min_slots(), cache_slots)) * (*probe)->slot_bytes();
       probe->reset();
-      auto store = ExpertStore::open(*model, path, o);
+      auto store = ExpertStore::open(expert_layout(*model), path, o);
       EXPECT_TRUE(store);
-      model->expert_store = std::move(*store);
+      engine->set_expert_store(std::move(*store));
     }
     auto t = Tokenizer::from_gguf(model->file());
     EXPECT_TRUE(t);
     tok = std::make_unique<Tokenizer>(std::move(*t));
     summary = *summarize_model(model->file());
     if (so.ctx == 4096) so.ctx = 256;
-    scheduler = std::make_unique<Scheduler>(*model, *tok, so);
+    scheduler = std::make_unique<Scheduler>(*engine, *tok, so);
     ho.port = 0;
     http = std::make_unique<HttpServer>(*scheduler, *tok, ChatFormat::chatml, "tiny", summary, ho);
     auto p = http->bind();
@@ -315,13 +316,15 @@ TEST(Server, NgramDraftsKeepGreedyOutput) {
 // drafts as without, for one sequence and for two sharing steps.
 TEST(Server, MtpDraftsKeepGreedyOutput) {
   std::vector<uint8_t> bytes;
-  auto model = test::synth_q8_model("tiny", bytes, 1);
-  ASSERT_NE(model, nullptr);
+  auto loaded = test::synth_q8_model("tiny", bytes, 1);
+  ASSERT_NE(loaded, nullptr);
+  const Engine engine(std::move(loaded));
+  const Model* model = &engine.model();
   ASSERT_NE(model->mtp, nullptr) << model->mtp_error;
   auto tok = Tokenizer::from_gguf(model->file());
   ASSERT_TRUE(tok.ok()) << tok.error().message;
   auto run = [&](const char* drafter, int n_jobs, SchedulerMetrics* metrics) {
-    Scheduler sched(*model, *tok, SchedulerOptions{.max_sequences = n_jobs, .ctx = 128, .drafter = drafter,
+    Scheduler sched(engine, *tok, SchedulerOptions{.max_sequences = n_jobs, .ctx = 128, .drafter = drafter,
                                                    .adaptive_draft = false});
     std::vector<std::shared_ptr<Job>> jobs;
     for (int i = 0; i < n_jobs; ++i) {
@@ -549,8 +552,8 @@ TEST(Server, SoakConcurrentClientsWithCancellations) {
   const int n_requests = env_int("STRATA_SOAK_REQUESTS", 120);
   const int n_clients = env_int("STRATA_SOAK_CLIENTS", 6);
   TestServer s(SchedulerOptions{.max_sequences = 3, .max_queue = 3, .ctx = 256}, HttpOptions{}, /*cache_slots=*/1);
-  ASSERT_TRUE(s.model->expert_store);
-  const ExpertStore& store = *s.model->expert_store;
+  ASSERT_TRUE(s.engine->expert_store());
+  const ExpertStore& store = *s.engine->expert_store();
   {  // warm-up: the first requests allocate the slots' sessions and the allocator's arenas
     auto c = s.client();
     for (int i = 0; i < 3; ++i) ASSERT_EQ(c.Post("/v1/chat/completions", chat_body(8, i == 1).dump(), "application/json")->status, 200);
@@ -672,7 +675,7 @@ TEST(Server, SoakConcurrentClientsWithCancellations) {
   }
   EXPECT_EQ(m.active, 0);
   EXPECT_EQ(m.queued, 0);
-  s.model->expert_store->drain();
+  s.engine->expert_store()->drain();
   const ExpertStore::SlotCounts sc = store.slot_counts();
   EXPECT_EQ(sc.other, 0) << "slots pinned or loading after the soak";
   EXPECT_EQ(sc.free + sc.resident + sc.prefetched, store.arena_bytes() / store.slot_bytes());

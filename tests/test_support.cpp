@@ -9,6 +9,7 @@
 #include <fstream>
 #include <stdexcept>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <sys/wait.h>
 
 #include "engine/session.h"
@@ -58,6 +59,8 @@ std::vector<fs::path> fixture_models() {
   if (!dir) return out;
   for (const auto& arch : fs::directory_iterator(*dir / "models")) {
     if (!arch.is_directory()) continue;
+    std::ifstream cfg(arch.path() / "config.json");
+    if (!cfg || !nlohmann::json::parse(cfg, nullptr, false).contains("quants")) continue;
     for (const auto& f : fs::directory_iterator(arch.path())) {
       const std::string n = f.path().filename().string();
       if (n.rfind("model-", 0) == 0 && f.path().extension() == ".gguf") out.push_back(f.path());

@@ -1,10 +1,10 @@
-// strata bench --routing: traces replayed as the routers' choices (model/trace_routing.h).
+// strata bench --routing: traces replayed as the routers' choices (engine/trace_routing.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <set>
 
-#include "model/trace_routing.h"
+#include "engine/trace_routing.h"
 
 namespace strata {
 namespace {

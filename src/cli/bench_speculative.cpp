@@ -50,15 +50,15 @@ struct KCost {
 
 }  // namespace
 
-int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
-  const Model& m = *loaded.model;
-  const ModelSummary& sm = loaded.summary;
+int bench_speculative(const Engine& engine, const SpeculativeBenchOptions& o) {
+  const Model& m = engine.model();
+  const ModelSummary& sm = engine.summary();
   const HParams& hp = m.hparams();
-  ExpertStore* store = m.expert_store.get();
+  ExpertStore* store = engine.expert_store();
   cpu::ThreadPool& pool = cpu::compute_pool();
   // each step keeps one token: (max_k + 1) k values of steps + 1 steps, the last one k + 1 wide
   const int64_t ctx = int64_t(o.depth) + int64_t(o.max_k + 1) * (o.steps + 1) + o.max_k + 1;
-  const int64_t limit = context_limit(m, loaded.config);
+  const int64_t limit = context_limit(m, engine.config());
   if (ctx > limit) {
     std::fprintf(stderr, "strata bench: --speculative needs a context of %lld (depth %d, %d steps per k), more than %lld\n",
                  static_cast<long long>(ctx), o.depth, o.steps, static_cast<long long>(limit));
@@ -70,7 +70,7 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
     for (auto& id : t) id = int32_t(rng() % uint32_t(hp.n_vocab));
     return t;
   };
-  Session s(m, int(ctx), cpu::MatmulPath::quantized, loaded.config.kv_type);
+  Session s(engine, int(ctx), cpu::MatmulPath::quantized, engine.config().kv_type);
   if (o.depth > 0) {
     if (auto l = s.eval(random_tokens(o.depth)); !l) {
       std::fprintf(stderr, "strata bench: %s\n", l.error().message.c_str());
@@ -104,7 +104,7 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
     std::vector<TokenId> reference;  // the greedy plain run's tokens, prompt included
     // mtp: draft with the model's MTP layer (made on the run's session) instead of d
     auto run = [&](const std::string& what, float temp, Drafter* d, int n, bool mtp = false) -> Status {
-      Session gs(m, int(prompt.size()) + n + 1, cpu::MatmulPath::quantized, loaded.config.kv_type);
+      Session gs(engine, int(prompt.size()) + n + 1, cpu::MatmulPath::quantized, engine.config().kv_type);
       std::unique_ptr<MtpDrafter> own;
       if (mtp) {
         auto made = MtpDrafter::create(gs);
@@ -151,7 +151,7 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
     // are then rejected also use up: the output leaves the plain run's, and drafts of it no longer
     // have the rate asked for
     for (double a : {0.5, 0.7, 0.9}) {
-      if (m.routing_override != nullptr) break;
+      if (engine.routing_override() != nullptr) break;
       Oracle oracle(reference, a, hp.n_vocab);
       if (st) st = run(strfmt("greedy, drafts right with p %.1f", a), 0, &oracle, o.gen_tokens);
     }
@@ -218,7 +218,7 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
   // position (with the head) plus k - 1 chained passes
   std::vector<double> mtp_draft_s;  // [k - 1]
   if (m.mtp != nullptr) {
-    Session ms(m, int(ctx), cpu::MatmulPath::quantized, loaded.config.kv_type);
+    Session ms(engine, int(ctx), cpu::MatmulPath::quantized, engine.config().kv_type);
     auto made = MtpDrafter::create(ms);
     if (!made) {
       std::fprintf(stderr, "strata bench: %s\n", made.error().message.c_str());
@@ -336,7 +336,7 @@ int bench_speculative(const Loaded& loaded, const SpeculativeBenchOptions& o) {
   if (!e2e.empty())
     std::printf("\nend to end, %d tokens after a %d-token prompt, adaptive k <= %d:\n", o.gen_tokens, std::max(1, o.depth),
                 o.max_k);
-  if (!e2e.empty() && m.routing_override != nullptr)
+  if (!e2e.empty() && engine.routing_override() != nullptr)
     std::printf("  (drafts right at a set rate: only with --routing model; a replayed trace's positions are used up by "
                 "rejected drafts, so the output leaves the plain run's)\n");
   for (const EndToEnd& e : e2e) {

@@ -24,10 +24,10 @@
 #include "cpu/thread_pool.h"
 #include "engine/numa_plan.h"
 #include "engine/session.h"
-#include "model/trace_routing.h"
+#include "engine/trace_routing.h"
 #include "storage/disk_probe.h"
 #include "gpu/cuda_backend.h"
-#include "gpu/gpu_tier.h"
+#include "engine/gpu_tier.h"
 #include "storage/expert_store.h"
 
 namespace strata::cli {
@@ -241,17 +241,18 @@ int run_bench(const BenchOptions& o) {
   if (!o.numa_compare.empty()) return numa_compare(o);
   auto loaded = load_model(o.common, "strata bench");
   if (!loaded) return fail(loaded.error().message);
-  auto routing = make_routing_override(o.routing, loaded->model->hparams());
+  auto routing = make_routing_override(o.routing, (*loaded)->model().hparams());
   if (!routing) return fail(routing.error().message);
-  loaded->model->routing_override = routing->get();
+  (*loaded)->set_routing_override(routing->get());
   if (*routing) {
     std::fprintf(stderr, "strata bench: routing replayed from --routing %s (%lld tokens, repeated as needed); "
                  "the NVMe look-ahead reads it ahead (an oracle: storage.prefetch_depth=0 gives the other bound)\n",
                  o.routing.c_str(), static_cast<long long>((*routing)->n_tokens()));
   }
-  const Model& m = *loaded->model;
-  const ModelSummary& sm = loaded->summary;
-  const int64_t ctx_limit = context_limit(m, loaded->config);
+  const Engine& engine = **loaded;
+  const Model& m = engine.model();
+  const ModelSummary& sm = engine.summary();
+  const int64_t ctx_limit = context_limit(m, engine.config());
   std::vector<Test> tests;
   const bool sweep = o.n_prompt.empty() && o.n_gen.empty();
   for (int n : sweep ? std::vector<int>{512, 4096} : o.n_prompt)
@@ -262,7 +263,7 @@ int run_bench(const BenchOptions& o) {
       if (n > 0 && st > 0) tests.push_back({false, n, st});
 
   cpu::ThreadPool& pool = cpu::compute_pool();
-  const auto* cuda = dynamic_cast<const CudaBackend*>(m.backend.get());
+  const auto* cuda = dynamic_cast<const CudaBackend*>(engine.backend());
   const std::string backend = "CPU " + std::string(cpu::isa_name()) + (cuda != nullptr ? " + CUDA" : "");
   const std::string model_name = sm.name.empty() ? sm.arch : sm.name;
   const double params = double(sm.n_params) / 1e9;
@@ -270,12 +271,12 @@ int run_bench(const BenchOptions& o) {
   std::vector<TestResult> results;
   // NVMe tier: the disk's rate for reads like the store's (O_DIRECT, random 1 MiB blocks of the
   // model file, same queue depth), the yardstick of its achieved rate
-  ExpertStore* store = m.expert_store.get();
+  ExpertStore* store = engine.expert_store();
   double nvme_probe_gbps = 0;
   if (store != nullptr) {
     storage::DiskProbeOptions po;
-    po.path = loaded->config.model_path;
-    po.queue_depth = loaded->config.queue_depth;
+    po.path = engine.config().model_path;
+    po.queue_depth = engine.config().queue_depth;
     po.access = storage::DiskAccess::random;
     po.seconds = 3;
     auto probe = storage::measure_disk_read(po);
@@ -292,7 +293,7 @@ int run_bench(const BenchOptions& o) {
     so.gen_tokens = o.spec_gen;
     so.json = o.json;
     so.nvme_probe_gbps = nvme_probe_gbps;
-    return bench_speculative(*loaded, so);
+    return bench_speculative(engine, so);
   }
   if (!o.json) {
     std::printf("| %-28s | %10s | %8s | %-10s | %7s | %8s | %20s | %-34s |\n", "model", "size", "params", "backend",
@@ -314,7 +315,7 @@ int run_bench(const BenchOptions& o) {
     for (int rep = 0; rep < o.reps; ++rep) {
       // decode tests step `streams` sequences together; prefill tests use the first only
       std::vector<std::unique_ptr<Session>> seqs;
-      for (int i = 0; i < (t.prefill ? 1 : t.streams); ++i) seqs.push_back(std::make_unique<Session>(m, int(need), cpu::MatmulPath::quantized, loaded->config.kv_type));
+      for (int i = 0; i < (t.prefill ? 1 : t.streams); ++i) seqs.push_back(std::make_unique<Session>(engine, int(need), cpu::MatmulPath::quantized, engine.config().kv_type));
       Session& s = *seqs[0];
       if (o.depth > 0) {
         for (auto& q : seqs) {
@@ -329,7 +330,7 @@ int run_bench(const BenchOptions& o) {
       const double limit_before = probe();
       if (store != nullptr) store->reset_stats();
       prof::reset();
-      const GpuTier::Stats gpu_before = m.gpu_tier ? m.gpu_tier->stats() : GpuTier::Stats{};
+      const GpuTier::Stats gpu_before = engine.gpu_tier() ? engine.gpu_tier()->stats() : GpuTier::Stats{};
       const CudaBackend::Stats cuda_before = cuda != nullptr ? cuda->stats() : CudaBackend::Stats{};
       prof::enable(o.profile);
       const auto t0 = std::chrono::steady_clock::now();
@@ -369,7 +370,7 @@ int run_bench(const BenchOptions& o) {
       }
       if (o.profile) r.profile_text = profile_line(t.n);
       node_figures(double(t.n) * (t.prefill ? 1 : t.streams), sec, r);
-      if (m.gpu_tier) gpu_figures(gpu_before, m.gpu_tier->stats(), double(t.n) * (t.prefill ? 1 : t.streams), r);
+      if (engine.gpu_tier()) gpu_figures(gpu_before, engine.gpu_tier()->stats(), double(t.n) * (t.prefill ? 1 : t.streams), r);
       if (cuda != nullptr) cuda_figures(cuda_before, cuda->stats(), double(t.n) * (t.prefill ? 1 : t.streams), r);
       if (store != nullptr) nvme_figures(store->stats(), double(t.n) * (t.prefill ? 1 : t.streams), nvme_probe_gbps, r);
     }
@@ -390,7 +391,7 @@ int run_bench(const BenchOptions& o) {
     nlohmann::json arr = nlohmann::json::array();
     for (const TestResult& r : results) {
       arr.push_back({{"model", model_name},
-                     {"model_path", loaded->config.model_path},
+                     {"model_path", engine.config().model_path},
                      {"size", sm.n_bytes},
                      {"params", sm.n_params},
                      {"backend", backend},
@@ -431,7 +432,7 @@ int run_bench(const BenchOptions& o) {
   } else {
     std::printf("\ndecode roofline of this model: %s read per token\n", format_bytes(double(sm.active_bytes_per_token)).c_str());
   }
-  if (m.gpu_tier) std::fprintf(stderr, "strata bench: %s\n", m.gpu_tier->summary().c_str());
+  if (engine.gpu_tier()) std::fprintf(stderr, "strata bench: %s\n", engine.gpu_tier()->summary().c_str());
   return 0;
 }
 

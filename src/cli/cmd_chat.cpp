@@ -41,7 +41,8 @@ int run_chat(ChatCliOptions o) {
   if (Status s = check_drafter_name(o.draft.drafter); !s) return fail(s.error().message);
   auto loaded = load_model(o.common, "strata chat");
   if (!loaded) return fail(loaded.error().message);
-  const Model& m = *loaded->model;
+  const Engine& engine = **loaded;
+  const Model& m = engine.model();
   auto tok = Tokenizer::from_gguf(m.file());
   if (!tok) return fail(tok.error().message);
 
@@ -61,8 +62,8 @@ int run_chat(ChatCliOptions o) {
     format = *f;
   }
   // a chat allocates its whole context up front: 4096 positions unless model.ctx says otherwise
-  const int ctx = int(context_limit(m, loaded->config, 4096));
-  Session session(m, ctx, cpu::MatmulPath::quantized, loaded->config.kv_type);
+  const int ctx = int(context_limit(m, engine.config(), 4096));
+  Session session(engine, ctx, cpu::MatmulPath::quantized, engine.config().kv_type);
   o.sampling.seed = std::random_device{}();
   Sampler sampler(o.sampling);
   auto drafter = make_drafter(o.draft.drafter, &session);
@@ -70,7 +71,7 @@ int run_chat(ChatCliOptions o) {
   o.gen.drafter = drafter->get();
   o.gen.max_draft = o.draft.max;
   std::fprintf(stderr, "strata chat: %s, template %s, context %d; an empty line or end of input ends the chat\n",
-               loaded->config.model_path.c_str(), chat_format_name(format).data(), ctx);
+               engine.config().model_path.c_str(), chat_format_name(format).data(), ctx);
 
   std::vector<ChatMessage> messages;
   if (!o.system.empty()) messages.push_back({"system", o.system});

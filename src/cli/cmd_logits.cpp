@@ -51,11 +51,12 @@ int run_logits(const LogitsOptions& o) {
   if (!ids) return fail("logits", ids.error().message);
   auto loaded = load_model(o.common, "strata logits");
   if (!loaded) return fail("logits", loaded.error().message);
-  const Model& m = *loaded->model;
+  const Engine& engine = **loaded;
+  const Model& m = engine.model();
   const int V = m.hparams().n_vocab;
   const auto path = o.exact ? cpu::MatmulPath::exact : cpu::MatmulPath::quantized;
   const int ctx = int(ids->size()) + o.greedy;
-  Session s(m, ctx, path);
+  Session s(engine, ctx, path);
   std::vector<float> logits;
   if (o.sequential) {
     for (int32_t id : *ids) {

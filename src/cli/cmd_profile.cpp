@@ -56,9 +56,10 @@ Status write_text(const std::string& path, const std::string& text) {
 int run_profile(const ProfileOptions& o) {
   auto loaded = load_model(o.common, "strata profile");
   if (!loaded) return fail(loaded.error().message);
-  const Model& m = *loaded->model;
-  const ModelSummary& sm = loaded->summary;
-  const Config& config = loaded->config;
+  const Engine& engine = **loaded;
+  const Model& m = engine.model();
+  const ModelSummary& sm = engine.summary();
+  const Config& config = engine.config();
   auto tok = Tokenizer::from_gguf(m.file());
   if (!tok) return fail(tok.error().message);
 
@@ -84,7 +85,7 @@ int run_profile(const ProfileOptions& o) {
     return fail(strfmt("%d + %d tokens exceed the context of %lld", o.n_prompt, o.n_gen,
                        static_cast<long long>(context_limit(m, config))));
   }
-  Session session(m, int(need), cpu::MatmulPath::quantized, config.kv_type);
+  Session session(engine, int(need), cpu::MatmulPath::quantized, config.kv_type);
   Sampler sampler(SamplerParams{.temperature = 0.0f});
 
   prof::reset();

@@ -10,7 +10,7 @@
 #include "engine/generate.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
-#include "gpu/gpu_tier.h"
+#include "engine/gpu_tier.h"
 #include "model/model.h"
 #include "model/model_info.h"
 #include "model/tokenizer.h"
@@ -38,7 +38,8 @@ int run_generate(RunOptions o) {
     std::fprintf(stderr, "strata run: %s\n", loaded.error().message.c_str());
     return 1;
   }
-  const Model& m = *loaded->model;
+  const Engine& engine = **loaded;
+  const Model& m = engine.model();
   auto tok = Tokenizer::from_gguf(m.file());
   if (!tok) {
     std::fprintf(stderr, "strata run: %s\n", tok.error().message.c_str());
@@ -49,7 +50,7 @@ int run_generate(RunOptions o) {
     std::fprintf(stderr, "strata run: the prompt is empty\n");
     return 1;
   }
-  const int64_t limit = context_limit(m, loaded->config);
+  const int64_t limit = context_limit(m, engine.config());
   if (int64_t(ids.size()) >= limit) {
     std::fprintf(stderr, "strata run: the prompt has %zu tokens, more than the context of %" PRId64
                  " leaves room for (raise --ctx, up to the model's %d)\n",
@@ -58,7 +59,7 @@ int run_generate(RunOptions o) {
   }
   const int ctx = int(std::min<int64_t>(limit, int64_t(ids.size()) + o.gen.n_predict));
   if (!o.seed_given) o.sampling.seed = std::random_device{}();
-  Session session(m, ctx, cpu::MatmulPath::quantized, loaded->config.kv_type);
+  Session session(engine, ctx, cpu::MatmulPath::quantized, engine.config().kv_type);
   Sampler sampler(o.sampling);
   auto drafter = make_drafter(o.draft.drafter, &session);
   if (!drafter) {
@@ -87,7 +88,7 @@ int run_generate(RunOptions o) {
                r->n_generated, r->decode_seconds,
                r->n_generated > 1 ? (r->n_generated - 1) / r->decode_seconds : 0.0, r->stop_reason,
                o.sampling.seed);
-  if (m.gpu_tier) std::fprintf(stderr, "strata run: %s\n", m.gpu_tier->summary().c_str());
+  if (engine.gpu_tier()) std::fprintf(stderr, "strata run: %s\n", engine.gpu_tier()->summary().c_str());
   if (o.gen.drafter != nullptr)
     std::fprintf(stderr, "strata run: speculative (%s): %d decode steps, %d tokens drafted, %d accepted (%.0f%%)\n",
                  o.gen.drafter->name().c_str(), r->n_steps, r->n_drafted, r->n_accepted,

@@ -45,8 +45,9 @@ int run_serve(ServeOptions o) {
   if (Status st = check_drafter_name(o.draft.drafter); !st) return fail(st.error().message);
   auto loaded = load_model(o.common, "strata serve");
   if (!loaded) return fail(loaded.error().message);
-  const Config& c = loaded->config;
-  const Model& m = *loaded->model;
+  const Engine& engine = **loaded;
+  const Config& c = engine.config();
+  const Model& m = engine.model();
   auto tok = Tokenizer::from_gguf(m.file());
   if (!tok) return fail(tok.error().message);
   ChatFormat format = ChatFormat::raw;
@@ -69,7 +70,7 @@ int run_serve(ServeOptions o) {
   if (o.draft.drafter == "mtp" && m.mtp == nullptr) return fail("--draft mtp: " + m.mtp_error);
   so.drafter = o.draft.drafter.empty() ? "none" : o.draft.drafter;
   so.max_draft = o.draft.max;
-  server::Scheduler scheduler(m, *tok, so);
+  server::Scheduler scheduler(engine, *tok, so);
   server::HttpOptions ho;
   ho.host = c.host;
   ho.port = c.port;
@@ -80,7 +81,7 @@ int run_serve(ServeOptions o) {
     id = c.model_path.substr(c.model_path.rfind('/') == std::string::npos ? 0 : c.model_path.rfind('/') + 1);
     if (id.size() > 5 && id.substr(id.size() - 5) == ".gguf") id.resize(id.size() - 5);
   }
-  server::HttpServer http(scheduler, *tok, format, id, loaded->summary, ho);
+  server::HttpServer http(scheduler, *tok, format, id, engine.summary(), ho);
   auto port = http.bind();
   if (!port) return fail(port.error().message);
   g_server = &http;

@@ -1,6 +1,5 @@
 // What the commands that run a model share: the config (-c FILE, --set KEY=VALUE) and the flags
-// that override its keys (-m, -t, --ctx, --load), and loading the model under that config with
-// its budgets checked.
+// that override its keys (-m, -t, --ctx, --load), and opening the engine under that config.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -11,6 +10,7 @@
 
 #include "base/error.h"
 #include "engine/config.h"
+#include "engine/engine.h"
 #include "model/model.h"
 #include "model/model_info.h"
 
@@ -38,18 +38,10 @@ void add_draft_options(CLI::App* sub, DraftOptions& o);
 // The config file, then --set, then the flags.
 Result<Config> resolve_config(const CommonOptions& o);
 
-struct Loaded {
-  std::unique_ptr<Model> model;
-  ModelSummary summary;
-  Config config;
-};
-
-// Resolves the config, checks its budgets against this machine and the model, starts the compute
-// pool with its threads, and loads the model. `cmd` prefixes the log line ("strata run").
-// Sets the compute pool's NUMA layout from the config's [numa] (STRATA_TOPOLOGY in the
-// environment stands in for numa.topology when that is empty).
-Status configure_numa(const Config& c);
-Result<Loaded> load_model(const CommonOptions& o, const char* cmd);
+// Resolves the config, then opens the engine on it (engine/engine.h: the budgets checked against
+// this machine and the model, the compute pool started with its threads and NUMA layout, the
+// model loaded and its tiers built). `cmd` prefixes the log lines ("strata run").
+Result<std::unique_ptr<Engine>> load_model(const CommonOptions& o, const char* cmd);
 
 // The context a session may use: the model's training context, capped by model.ctx (--ctx);
 // `fallback` replaces the training context when the config sets none (chat: 4096).

@@ -6,7 +6,7 @@
 
 #include "cpu/ops.h"
 #include "cpu/quant_blocks.h"
-#include "model/weights.h"
+#include "cpu/weights.h"
 
 namespace strata::cpu {
 namespace {

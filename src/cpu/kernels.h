@@ -23,7 +23,7 @@
 #include <string_view>
 
 #include "cpu/quant_traits.h"
-#include "model/ggml_type.h"
+#include "cpu/ggml_type.h"
 
 namespace strata::cpu {
 

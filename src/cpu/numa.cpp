@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "cpu/thread_pool.h"
-#include "model/weights.h"
+#include "cpu/weights.h"
 
 namespace strata::cpu {
 

@@ -17,7 +17,7 @@
 
 #include <cstdint>
 
-#include "model/weights.h"
+#include "cpu/weights.h"
 
 namespace strata::cpu {
 

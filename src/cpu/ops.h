@@ -12,7 +12,7 @@
 #include <span>
 #include <vector>
 
-#include "model/weights.h"
+#include "cpu/weights.h"
 
 namespace strata::cpu {
 

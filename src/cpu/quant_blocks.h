@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "cpu/fp16.h"
-#include "model/ggml_type.h"
+#include "cpu/ggml_type.h"
 
 namespace strata {
 

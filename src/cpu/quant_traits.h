@@ -13,7 +13,7 @@
 #include <string_view>
 
 #include "base/error.h"
-#include "model/ggml_type.h"
+#include "cpu/ggml_type.h"
 
 namespace strata {
 

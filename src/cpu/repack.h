@@ -31,7 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "model/weights.h"
+#include "cpu/weights.h"
 
 namespace strata::cpu {
 

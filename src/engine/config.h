@@ -16,7 +16,7 @@
 #include "base/error.h"
 #include "base/mapped_file.h"
 #include "cpu/numa.h"
-#include "engine/kv_cache.h"
+#include "model/kv_cache.h"
 #include "model/model_info.h"
 
 namespace strata {

@@ -4,53 +4,66 @@
 #include <cinttypes>
 #include <cmath>
 
-#include "gpu/gpu_tier.h"
+#include "engine/engine.h"
 #include "model/forward.h"
-#include "storage/expert_store.h"
 
 namespace strata {
 
 namespace {
-// Errors: a routed expert the NVMe tier could not read (its computation used zeros instead: the
-// logits are not returned, and the caller's position does not advance).
 // hidden: null, or where the last layer's output rows go (not deepseek4).
-Status run_forward(const Model& m, const Backend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
-                   bool all_logits, float* logits, float* hidden = nullptr) {
+void run_forward(const Model& m, const Exec& ex, std::span<const SeqSpan> seqs, const int32_t* tokens,
+                 bool all_logits, float* logits, float* hidden = nullptr) {
   switch (m.hparams().arch) {
     case Arch::qwen3moe:
     case Arch::qwen2moe:
     case Arch::llama:
     case Arch::gpt_oss:
-      forward_gqa_moe(m, be, seqs, tokens, all_logits, logits, hidden);
+      forward_gqa_moe(m, ex, seqs, tokens, all_logits, logits, hidden);
       break;
     case Arch::deepseek2:
-      forward_deepseek2(m, be, seqs, tokens, all_logits, logits, hidden);
+      forward_deepseek2(m, ex, seqs, tokens, all_logits, logits, hidden);
       break;
     case Arch::deepseek4:
       STRATA_CHECK(hidden == nullptr, "deepseek4's forward pass gives no hidden rows");
-      forward_deepseek4(m, be, seqs, tokens, all_logits, logits);
+      forward_deepseek4(m, ex, seqs, tokens, all_logits, logits);
       break;
   }
-  return m.expert_store ? m.expert_store->take_error() : Status::success();
-}
-
-// The GPU tier after a forward pass: the sessions' KV cache use, then the step's promotions.
-void gpu_step(const Model& m, std::span<Session* const> sessions) {
-  if (!m.gpu_tier) return;
-  const uint64_t per_token = kv_bytes_per_token(m.hparams(), sessions[0]->kv_type());
-  for (Session* s : sessions) m.gpu_tier->set_kv(s, per_token * uint64_t(s->n_past()));
-  m.gpu_tier->end_step();
 }
 }  // namespace
 
 Session::~Session() {
-  if (model_.gpu_tier) model_.gpu_tier->set_kv(this, 0);
+  if (engine_ != nullptr) engine_->session_closed(this);
   backend().release_cache(cache_);
 }
 
 Session::Session(const Model& model, int n_ctx, cpu::MatmulPath path, KvType kv)
     : model_(model), backend_(path) {
   init_cache(model, n_ctx, cache_, path == cpu::MatmulPath::exact ? KvType::f32 : kv);
+}
+
+Session::Session(const Engine& engine, int n_ctx, cpu::MatmulPath path, KvType kv)
+    : Session(engine.model(), n_ctx, path, kv) {
+  engine_ = &engine;
+}
+
+const Backend& Session::backend() const {
+  if (engine_ != nullptr && engine_->backend() != nullptr && path() == cpu::MatmulPath::quantized)
+    return *engine_->backend();
+  return backend_;
+}
+
+Exec Session::exec() const {
+  if (engine_ == nullptr) return Exec(backend());
+  return Exec(backend(), engine_->experts(), engine_->routing_override());
+}
+
+// After a forward pass: a routed expert the NVMe tier could not read was computed as zeros, so
+// the logits are not returned and no position advances.
+Status Session::forward_error() const { return engine_ != nullptr ? engine_->take_error() : Status::success(); }
+
+// After a forward pass that advanced `sessions`: the engine's tiers see the step.
+void Session::step_done(std::span<Session* const> sessions) {
+  if (sessions[0]->engine_ != nullptr) sessions[0]->engine_->end_step(sessions);
 }
 
 Status Session::check(std::span<const int32_t> tokens) const {
@@ -75,12 +88,13 @@ Result<std::vector<float>> Session::eval(std::span<const int32_t> tokens, bool a
   std::vector<float> logits(size_t((all_logits ? n : 1) * hp.n_vocab));
   const SeqSpan seq{&cache_, n_past_, n};
   std::vector<float> hidden(keep_hidden_ ? size_t(n * hp.n_embd) : 0);
-  STRATA_TRY(run_forward(model_, backend(), std::span<const SeqSpan>(&seq, 1), tokens.data(), all_logits, logits.data(),
-                         keep_hidden_ ? hidden.data() : nullptr));
+  run_forward(model_, exec(), std::span<const SeqSpan>(&seq, 1), tokens.data(), all_logits, logits.data(),
+              keep_hidden_ ? hidden.data() : nullptr);
+  STRATA_TRY(forward_error());
   if (keep_hidden_) keep_rows(hidden.data(), n);
   n_past_ += n;
   Session* self = this;
-  gpu_step(model_, std::span<Session* const>(&self, 1));
+  step_done(std::span<Session* const>(&self, 1));
   return logits;
 }
 
@@ -126,8 +140,9 @@ Result<std::vector<float>> Session::eval_batch(std::span<Session* const> session
   std::vector<int32_t> all;
   for (size_t s = 0; s < sessions.size(); ++s) {
     Session& se = *sessions[s];
-    STRATA_CHECK(&se.model_ == &m && se.backend_.path() == sessions[0]->backend_.path(),
-                 "eval_batch: sessions of different models or paths");
+    STRATA_CHECK(&se.model_ == &m && se.engine_ == sessions[0]->engine_ &&
+                     se.backend_.path() == sessions[0]->backend_.path(),
+                 "eval_batch: sessions of different engines or paths");
     for (size_t o = 0; o < s; ++o) STRATA_CHECK(sessions[o] != &se, "eval_batch: a session twice");
     if (Status st = se.check(tokens[s]); !st) return st.error();
     const int64_t n = int64_t(tokens[s].size());
@@ -138,13 +153,13 @@ Result<std::vector<float>> Session::eval_batch(std::span<Session* const> session
   // the last layer's rows, where a session keeps them (an MTP drafter's)
   const bool hidden = std::any_of(sessions.begin(), sessions.end(), [](const Session* se) { return se->keep_hidden_; });
   std::vector<float> rows(hidden ? all.size() * size_t(hp.n_embd) : 0);
-  STRATA_TRY(run_forward(m, sessions[0]->backend(), seqs, all.data(), all_logits, logits.data(),
-                         hidden ? rows.data() : nullptr));
+  run_forward(m, sessions[0]->exec(), seqs, all.data(), all_logits, logits.data(), hidden ? rows.data() : nullptr);
+  STRATA_TRY(sessions[0]->forward_error());
   for (size_t s = 0, t = 0; s < sessions.size(); t += tokens[s].size(), ++s) {
     if (sessions[s]->keep_hidden_) sessions[s]->keep_rows(rows.data() + t * size_t(hp.n_embd), int64_t(tokens[s].size()));
     sessions[s]->n_past_ += int64_t(tokens[s].size());
   }
-  gpu_step(m, sessions);
+  step_done(sessions);
   return logits;
 }
 

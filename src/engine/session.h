@@ -7,16 +7,24 @@
 #include <vector>
 
 #include "base/error.h"
-#include "engine/kv_cache.h"
 #include "model/backend.h"
+#include "model/experts.h"
+#include "model/kv_cache.h"
 #include "model/model.h"
 
 namespace strata {
 
+class Engine;
+
 class Session {
  public:
+  // A sequence of `engine`'s model, run on what the engine built (its backend on the quantized
+  // path, its tiers of routed experts, its routing override). The engine outlives the session.
   // path: quantized activations (default, llama.cpp's CPU math) or the exact float reference.
   // kv: the KV cache entries; the exact path always keeps float (it is the oracle).
+  Session(const Engine& engine, int n_ctx, cpu::MatmulPath path = cpu::MatmulPath::quantized,
+          KvType kv = KvType::f16);
+  // A sequence of `model` alone: the CPU backend, every expert from the model's weights.
   Session(const Model& model, int n_ctx, cpu::MatmulPath path = cpu::MatmulPath::quantized,
           KvType kv = KvType::f16);
   ~Session();
@@ -39,12 +47,11 @@ class Session {
   int n_ctx() const { return cache_.n_ctx; }
   KvType kv_type() const { return cache_.type; }
   cpu::MatmulPath path() const { return backend_.path(); }
-  // What this session's forward passes run on: the model's backend on the quantized path when it
-  // has one (the CUDA backend), else the session's own CpuBackend.
-  const Backend& backend() const {
-    if (model_.backend != nullptr && path() == cpu::MatmulPath::quantized) return *model_.backend;
-    return backend_;
-  }
+  // What this session's dense ops run on: the engine's backend on the quantized path when it has
+  // one (the CUDA backend), else the session's own CpuBackend.
+  const Backend& backend() const;
+  // What its forward passes run on: backend(), the routed experts and the routing override.
+  Exec exec() const;
   void reset() { n_past_ = 0; }
   // Forgets every position from n on (their cache rows are overwritten by the next eval). Returns
   // the positions kept: n, or 0 where the cache cannot resume inside what it held (deepseek4's
@@ -78,9 +85,12 @@ class Session {
  private:
   // The errors of eval: no tokens, an id outside the vocabulary, a full context.
   Status check(std::span<const int32_t> tokens) const;
+  Status forward_error() const;
+  static void step_done(std::span<Session* const> sessions);
   // keep_hidden: appends the rows [n][n_embd] of the n positions from n_past_ on.
   void keep_rows(const float* rows, int64_t n);
   const Model& model_;
+  const Engine* engine_ = nullptr;  // null: the model alone
   CpuBackend backend_;
   KvCache cache_;
   int64_t n_past_ = 0;

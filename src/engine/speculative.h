@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "base/error.h"
-#include "engine/kv_cache.h"
+#include "model/kv_cache.h"
 #include "model/tokenizer.h"
 
 namespace strata {

@@ -16,7 +16,7 @@
 #include <string>
 
 #include "base/error.h"
-#include "model/ggml_type.h"
+#include "cpu/ggml_type.h"
 
 namespace strata::gpu {
 

@@ -71,12 +71,13 @@ void mla_attention(const Backend& be, const HParams& hp, const LayerWeights& l, 
 
 }  // namespace
 
-void deepseek2_block(const Model& m, const Backend& be, std::span<const SeqSpan> seqs, int il,
+void deepseek2_block(const Model& m, const Exec& ex, std::span<const SeqSpan> seqs, int il,
                      const LayerWeights& l, float* x, int64_t n_tok, float* h, float* y, MlaScratch& scratch) {
   const HParams& hp = m.hparams();
   const int64_t E = hp.n_embd, H = hp.n_head, QK = hp.qk_nope + hp.qk_rope, R = hp.kv_lora_rank,
                 ROPE = hp.qk_rope;
-  const bool main_layer = il < hp.n_layer;  // not the nextn layer, whose experts are never streamed
+  const Backend& be = ex.be;
+  const bool main_layer = il < hp.n_layer;  // not the nextn layer, which predicts no other layer
   // the attention's buffers, sized once per forward pass (a prefill's q is tens of MB)
   std::vector<float>& q = scratch.q;
   std::vector<float>& kv = scratch.kv;
@@ -115,28 +116,17 @@ void deepseek2_block(const Model& m, const Backend& be, std::span<const SeqSpan>
     be.add(x, y, n_tok * E);  // residual
   }
 
-  if (m.expert_store && main_layer) {
-    prof::Span span(prof::Part::router, il);
-    prefetch_experts(be, m, il, x, n_tok);
-  }
   // feed-forward: dense, or routed experts + shared experts
   if (!l.is_moe()) {
+    if (main_layer) {  // the look-ahead reaches past the leading dense layers
+      prof::Span span(prof::Part::router, il);
+      look_ahead(ex, m, il, x, n_tok);
+    }
     prof::Span span(prof::Part::shared_ffn, il);
     be.rms_norm_rows(x, l.ffn_norm, n_tok, E, hp.eps, h);
     be.swiglu_ffn(l.ffn_gate, l.ffn_up, l.ffn_down, h, n_tok, nullptr, false, y);
   } else {
-    Routing routing;
-    {
-      prof::Span span(prof::Part::router, il);
-      be.rms_norm_rows(x, l.ffn_norm, n_tok, E, hp.eps, h);
-      routing = route(be, hp, l, h, n_tok);
-      if (m.routing_override != nullptr && main_layer) m.routing_override->choose(il, n_tok, routing);
-    }
-    {
-      prof::Span span(prof::Part::experts, il);
-      moe_ffn(be.host(), l, routing, h, n_tok, E, y, {}, main_layer ? m.expert_store.get() : nullptr, il,
-              main_layer ? m.gpu_tier.get() : nullptr);
-    }
+    moe_block(ex, m, l, il, x, n_tok, nullptr, {}, h, y);
     if (l.gate_shexp) {
       prof::Span span(prof::Part::shared_ffn, il);
       be.swiglu_ffn(l.gate_shexp, l.up_shexp, l.down_shexp, h, n_tok, nullptr, true, y);
@@ -145,7 +135,7 @@ void deepseek2_block(const Model& m, const Backend& be, std::span<const SeqSpan>
   be.add(x, y, n_tok * E);  // residual
 }
 
-void forward_deepseek2(const Model& m, const Backend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
+void forward_deepseek2(const Model& m, const Exec& ex, std::span<const SeqSpan> seqs, const int32_t* tokens,
                        bool all_logits, float* logits, float* hidden) {
   const HParams& hp = m.hparams();
   const int64_t n_tok = batch_tokens(seqs);
@@ -154,9 +144,9 @@ void forward_deepseek2(const Model& m, const Backend& be, std::span<const SeqSpa
   MlaScratch scratch;
   embed(m, tokens, n_tok, x.data());
   for (int il = 0; il < hp.n_layer; ++il)
-    deepseek2_block(m, be, seqs, il, m.layers[size_t(il)], x.data(), n_tok, h.data(), y.data(), scratch);
+    deepseek2_block(m, ex, seqs, il, m.layers[size_t(il)], x.data(), n_tok, h.data(), y.data(), scratch);
   if (hidden != nullptr) std::copy(x.begin(), x.end(), hidden);
-  output_head(m, be, x.data(), seqs, all_logits, logits);
+  output_head(m, ex.be, x.data(), seqs, all_logits, logits);
 }
 
 }  // namespace strata

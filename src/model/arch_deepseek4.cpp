@@ -17,7 +17,6 @@
 #include "cpu/thread_pool.h"
 #include "model/blocks.h"
 #include "model/forward.h"
-#include "storage/expert_store.h"
 
 namespace strata {
 
@@ -326,31 +325,17 @@ void init_deepseek4_cache(const Model& m, int n_ctx, KvCache& cache) {
   }
 }
 
-void forward_deepseek4(const Model& m, const Backend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
+void forward_deepseek4(const Model& m, const Exec& ex, std::span<const SeqSpan> seqs, const int32_t* tokens,
                        bool all_logits, float* logits) {
   const HParams& hp = m.hparams();
+  const Backend& be = ex.be;
   const int64_t n_tok = batch_tokens(seqs);
   const int64_t E = hp.n_embd, S = hp.hc_streams;
   std::vector<float> X(size_t(n_tok * S * E)), x(size_t(n_tok * E)), h(size_t(n_tok * E)), y(size_t(n_tok * E));
 
-  // hash-routed layers choose their experts from the token ids alone: with the NVMe tier, their
-  // reads start now, before the first layer is computed
-  ExpertStore* store = m.expert_store.get();
-  if (store != nullptr && store->prefetch_depth() > 0) {
-    const int k = hp.n_expert_used;
-    std::vector<int32_t> ids(size_t(n_tok * k));
-    for (int il = 0; il < hp.n_hash_layers; ++il) {
-      const int distance = std::min(il + 1, store->prefetch_depth());
-      if (m.routing_override != nullptr) {  // benchmarks: the override decides
-        store->prefetch(il, distance, m.routing_override->peek(il, n_tok));
-        continue;
-      }
-      const Weight& table = m.layers[size_t(il)].tid2eid;
-      for (int64_t t = 0; t < n_tok; ++t)
-        std::copy_n(reinterpret_cast<const int32_t*>(table.row(tokens[t])), k, &ids[size_t(t * k)]);
-      store->prefetch(il, distance, experts_by_rank(ids, n_tok, k));
-    }
-  }
+  // hash-routed layers choose their experts from the token ids alone: a tier's reads of them
+  // start now, before the first layer is computed
+  look_ahead_hashed(ex, m, tokens, n_tok);
 
   embed(m, tokens, n_tok, x.data());
   for (int64_t t = 0; t < n_tok; ++t)
@@ -366,23 +351,14 @@ void forward_deepseek4(const Model& m, const Backend& be, std::span<const SeqSpa
       attention(be, hp, l, seqs, il, h.data(), n_tok, y.data());
       hc_post(mix, y.data(), n_tok, S, E, X.data());
     }
-    Routing routing;
     HcMix mix;
     {
       prof::Span span(prof::Part::router, il);
       mix = hc_mix(be, hp, l.hc_ffn_fn, l.hc_ffn_base, l.hc_ffn_scale, X.data(), n_tok);
       hc_pre(mix, X.data(), n_tok, S, E, x.data());
-      rms_norm_rows(x.data(), l.ffn_norm, n_tok, E, hp.eps, h.data());
-      // the look-ahead of the next layers' routing, from this layer's FFN input (docs/storage.md)
-      if (store != nullptr) prefetch_experts(be, m, il, x.data(), n_tok);
-      routing = route(be, hp, l, h.data(), n_tok, tokens);
-      if (m.routing_override != nullptr) m.routing_override->choose(il, n_tok, routing);
     }
-    {
-      prof::Span span(prof::Part::experts, il);
-      const GluParams glu{.kind = GluKind::silu_clamp, .limit = hp.clamp_exp[size_t(il)]};
-      moe_ffn(be.host(), l, routing, h.data(), n_tok, E, y.data(), glu, m.expert_store.get(), il, m.gpu_tier.get());
-    }
+    const GluParams glu{.kind = GluKind::silu_clamp, .limit = hp.clamp_exp[size_t(il)]};
+    moe_block(ex, m, l, il, x.data(), n_tok, tokens, glu, h.data(), y.data());
     {
       prof::Span span(prof::Part::shared_ffn, il);
       SwigluOptions opt;

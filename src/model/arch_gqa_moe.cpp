@@ -19,11 +19,11 @@ int64_t batch_tokens(std::span<const SeqSpan> seqs) {
   return n;
 }
 
-void gqa_moe_block(const Model& m, const Backend& be, std::span<const SeqSpan> seqs, int il,
+void gqa_moe_block(const Model& m, const Exec& ex, std::span<const SeqSpan> seqs, int il,
                    const LayerWeights& l, float* x, int64_t n_tok, float* h, float* y) {
   const HParams& hp = m.hparams();
+  const Backend& be = ex.be;
   const int64_t E = hp.n_embd;
-  const bool main_layer = il < hp.n_layer;  // not the nextn layer, whose experts are never streamed
 
   // attention
   {
@@ -34,19 +34,7 @@ void gqa_moe_block(const Model& m, const Backend& be, std::span<const SeqSpan> s
   }
 
   // routed experts (+ shared expert)
-  Routing routing;
-  {
-    prof::Span span(prof::Part::router, il);
-    if (main_layer) prefetch_experts(be, m, il, x, n_tok);
-    be.rms_norm_rows(x, l.ffn_norm, n_tok, E, hp.eps, h);
-    routing = route(be, hp, l, h, n_tok);
-    if (m.routing_override != nullptr && main_layer) m.routing_override->choose(il, n_tok, routing);
-  }
-  {
-    prof::Span span(prof::Part::experts, il);
-    moe_ffn(be.host(), l, routing, h, n_tok, E, y, hp.expert_glu, main_layer ? m.expert_store.get() : nullptr, il,
-            main_layer ? m.gpu_tier.get() : nullptr);
-  }
+  moe_block(ex, m, l, il, x, n_tok, nullptr, hp.expert_glu, h, y);
   if (l.gate_shexp) {
     prof::Span span(prof::Part::shared_ffn, il);
     std::vector<float> gate(size_t(n_tok), 1.0f);
@@ -62,7 +50,7 @@ void gqa_moe_block(const Model& m, const Backend& be, std::span<const SeqSpan> s
   be.add(x, y, n_tok * E);  // residual
 }
 
-void forward_gqa_moe(const Model& m, const Backend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
+void forward_gqa_moe(const Model& m, const Exec& ex, std::span<const SeqSpan> seqs, const int32_t* tokens,
                      bool all_logits, float* logits, float* hidden) {
   const HParams& hp = m.hparams();
   const int64_t n_tok = batch_tokens(seqs);
@@ -70,9 +58,9 @@ void forward_gqa_moe(const Model& m, const Backend& be, std::span<const SeqSpan>
   std::vector<float> x(size_t(n_tok * E)), h(size_t(n_tok * E)), y(size_t(n_tok * E));
   embed(m, tokens, n_tok, x.data());
   for (int il = 0; il < hp.n_layer; ++il)
-    gqa_moe_block(m, be, seqs, il, m.layers[size_t(il)], x.data(), n_tok, h.data(), y.data());
+    gqa_moe_block(m, ex, seqs, il, m.layers[size_t(il)], x.data(), n_tok, h.data(), y.data());
   if (hidden != nullptr) std::copy(x.begin(), x.end(), hidden);
-  output_head(m, be, x.data(), seqs, all_logits, logits);
+  output_head(m, ex.be, x.data(), seqs, all_logits, logits);
 }
 
 void output_head(const Model& m, const Backend& be, const float* x, std::span<const SeqSpan> seqs,

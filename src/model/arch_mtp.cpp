@@ -36,17 +36,18 @@ void forward_mtp(const Model& m, const Backend& be, std::span<const SeqSpan> seq
   const int64_t n_tok = batch_tokens(seqs), E = m.hparams().n_embd;
   std::vector<float> x(size_t(n_tok * E)), h(size_t(n_tok * E)), y(size_t(n_tok * E));
   mtp_input(m, be, tokens, h_prev, n_tok, x.data());
+  const Exec ex(be);  // the nextn layer's experts are its own (moe_block)
   switch (m.hparams().arch) {
     case Arch::deepseek2: {
       MlaScratch scratch;
-      deepseek2_block(m, be, seqs, w.il, w.block, x.data(), n_tok, h.data(), y.data(), scratch);
+      deepseek2_block(m, ex, seqs, w.il, w.block, x.data(), n_tok, h.data(), y.data(), scratch);
       break;
     }
     case Arch::deepseek4:
       STRATA_CHECK(false, "forward_mtp: not built for deepseek4");
       break;
     default:
-      gqa_moe_block(m, be, seqs, w.il, w.block, x.data(), n_tok, h.data(), y.data());
+      gqa_moe_block(m, ex, seqs, w.il, w.block, x.data(), n_tok, h.data(), y.data());
       break;
   }
   std::copy(x.begin(), x.end(), hidden);

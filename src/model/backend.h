@@ -14,7 +14,7 @@
 #include <span>
 
 #include "cpu/ops.h"
-#include "engine/kv_cache.h"
+#include "model/kv_cache.h"
 #include "model/model.h"
 
 namespace strata {

@@ -15,8 +15,6 @@
 #include "cpu/kernels.h"
 #include "cpu/quant_traits.h"
 #include "cpu/thread_pool.h"
-#include "gpu/gpu_tier.h"
-#include "storage/expert_store.h"
 
 namespace strata {
 
@@ -119,18 +117,6 @@ void route_topk(const HParams& hp, const LayerWeights& l, float* logits, int64_t
 
 namespace {
 
-// One SwiGLU FFN of a batch (a routed expert, a shared expert or a dense FFN) and the rows of h it
-// runs on: out[tokens[i]] += scale[i] * (down(act(gate h + gate_b) * (up h + up_b)) + down_b).
-struct FfnWork {
-  Weight gate, up, down;  // 2D: [F][E], [F][E], [E][F]
-  const float* gate_b = nullptr;  // [F] (null: none)
-  const float* up_b = nullptr;    // [F]
-  const float* down_b = nullptr;  // [E]
-  std::vector<int64_t> tokens;    // rows of h, increasing
-  std::vector<float> scale;       // per token (same length as tokens)
-  const ExpertView* view = nullptr;  // an NVMe-tier expert: wait() before reading the weights
-};
-
 // act(g) * u, in place in g.
 void glu(const GluParams& p, float* g, const float* u, int64_t n) {
   switch (p.kind) {
@@ -216,6 +202,8 @@ void wait_for(const std::atomic<int32_t>& v, int32_t value) {
   }
 }
 
+}  // namespace
+
 // Runs every FFN of the batch on compute_pool(): one dispatch for gate, up, GLU and down of all
 // FFNs (their row chunks taken from one counter; with `numa` sharded, each NUMA group's rows
 // (NumaLayout::rows) from its group's counter, run by its threads alone), then the weighted sum into out (token by token,
@@ -225,7 +213,7 @@ void wait_for(const std::atomic<int32_t>& v, int32_t value) {
 // thread idles at a barrier between the halves. h: [*][E] rows, quantized once for the whole
 // batch; every FFN's matrices share one type per role (the stacks of a layer).
 void run_ffns(const cpu::Matmul& be, const std::vector<FfnWork>& ffns, const float* h,
-              int64_t n_h, const GluParams& glu_p, float* out, const cpu::NumaLayout* numa = nullptr) {
+              int64_t n_h, const GluParams& glu_p, float* out, const cpu::NumaLayout* numa) {
   if (ffns.empty()) return;
   cpu::ThreadPool& pool = cpu::compute_pool();
   const Weight& g0 = ffns[0].gate;
@@ -277,8 +265,8 @@ void run_ffns(const cpu::Matmul& be, const std::vector<FfnWork>& ffns, const flo
   std::vector<int32_t> order(n_ffn);
   std::iota(order.begin(), order.end(), 0);
   std::stable_partition(order.begin(), order.end(), [&](int32_t e) {
-    const ExpertView* v = ffns[size_t(e)].view;
-    return v == nullptr || v->state->load(std::memory_order_relaxed) != ExpertStore::kLoading;
+    const PendingWeights* p = ffns[size_t(e)].pending;
+    return p == nullptr || p->arrived();
   });
   // per group: its gate/up tasks, then its down tasks
   // (a nested run is serial, in index order: a group's down tasks would wait for a later group's
@@ -319,7 +307,7 @@ void run_ffns(const cpu::Matmul& be, const std::vector<FfnWork>& ffns, const flo
       wait_for(left[size_t(task.block)], kQuantized);
       const cpu::ActRows ae{ya.data() + row0 * ya_row, ya_row, n};
       float* ye = &y[row0 * size_t(E) + size_t(task.r0)];
-      if (f.view == nullptr || f.view->wait()) {
+      if (f.pending == nullptr || f.pending->wait()) {
         be.tile(f.down, task.r0, task.r1, ae, ye, E);
       } else {
         for (int64_t t = 0; t < n; ++t) std::fill_n(ye + t * E, task.r1 - task.r0, 0.0f);
@@ -335,7 +323,7 @@ void run_ffns(const cpu::Matmul& be, const std::vector<FfnWork>& ffns, const flo
     thread_local std::vector<float> g, u;
     g.resize(size_t(n * w));
     u.resize(size_t(n * w));
-    if (f.view == nullptr || f.view->wait()) {
+    if (f.pending == nullptr || f.pending->wait()) {
       be.tile(f.gate, task.r0, task.r1, xe, g.data(), w);
       be.tile(f.up, task.r0, task.r1, xue, u.data(), w);
     } else {  // its read failed: zeros, and the forward pass reports the store's error
@@ -392,9 +380,7 @@ void run_ffns(const cpu::Matmul& be, const std::vector<FfnWork>& ffns, const flo
   }
 }
 
-}  // namespace
-
-void swiglu_ffn(const cpu::Matmul& be, const Weight& gate, const Weight& up, const Weight& down, const float* h,
+void swiglu_ffn(const cpu::Matmul& mm, const Weight& gate, const Weight& up, const Weight& down, const float* h,
                 int64_t n_tok, const float* scale, bool accumulate, float* out, const SwigluOptions& opt) {
   if (!accumulate) std::fill(out, out + n_tok * down.n_out, 0.0f);
   std::vector<FfnWork> ffns(1);
@@ -409,12 +395,10 @@ void swiglu_ffn(const cpu::Matmul& be, const Weight& gate, const Weight& up, con
   std::iota(f.tokens.begin(), f.tokens.end(), int64_t(0));
   f.scale.assign(size_t(n_tok), 1.0f);
   if (scale) f.scale.assign(scale, scale + n_tok);
-  run_ffns(be, ffns, h, n_tok, opt.glu, out);
+  run_ffns(mm, ffns, h, n_tok, opt.glu, out);
 }
 
-void moe_ffn(const cpu::Matmul& be, const LayerWeights& l, const Routing& r, const float* h, int64_t n_tok, int64_t n_embd,
-             float* out, const GluParams& glu, ExpertStore* store, int layer, GpuTier* gpu) {
-  std::fill(out, out + n_tok * n_embd, 0.0f);
+ExpertBatch group_by_expert(const LayerWeights& l, const Routing& r, int64_t n_tok, int64_t n_embd) {
   const int64_t n_exp = l.gate_exps.n_mat;
   // the active experts in id order, each with its tokens in token order
   std::vector<int32_t> slot(size_t(n_exp), -1);
@@ -432,116 +416,103 @@ void moe_ffn(const cpu::Matmul& be, const LayerWeights& l, const Routing& r, con
       f.scale.push_back(r.weights[size_t(t * r.k + j)]);
     }
   }
-  std::vector<int32_t> ids;  // active experts by id
+  ExpertBatch batch;
   for (int64_t e = 0; e < n_exp; ++e)
-    if (slot[size_t(e)] >= 0) ids.push_back(int32_t(e));
-  prof::count_experts(int64_t(ids.size()), int64_t(ids.size() * (l.gate_exps.mat_bytes() + l.up_exps.mat_bytes() +
-                                                                   l.down_exps.mat_bytes())));
+    if (slot[size_t(e)] >= 0) batch.ids.push_back(int32_t(e));
+  prof::count_experts(int64_t(batch.ids.size()),
+                      int64_t(batch.ids.size() * (l.gate_exps.mat_bytes() + l.up_exps.mat_bytes() +
+                                                  l.down_exps.mat_bytes())));
   const int64_t F = l.gate_exps.n_out;
   // expert e's bias: row e of a stacked [n_expert][width] bias (null when the layer has none)
-  auto bias = [](const Weight& b, int64_t e, int64_t width) {
-    return b ? f32(b) + e * width : nullptr;
-  };
-  auto work = [&](int32_t e) {
+  auto bias = [](const Weight& b, int64_t e, int64_t width) { return b ? f32(b) + e * width : nullptr; };
+  batch.work.reserve(batch.ids.size());
+  for (int32_t e : batch.ids) {
     FfnWork f = std::move(ffns[size_t(slot[size_t(e)])]);
     f.gate_b = bias(l.gate_exps_b, e, F);
     f.up_b = bias(l.up_exps_b, e, F);
     f.down_b = bias(l.down_exps_b, e, n_embd);
-    return f;
-  };
-  if (store == nullptr) {
-    const auto t0 = std::chrono::steady_clock::now();
-    if (gpu != nullptr) gpu->observe(layer, std::span<const int32_t>(r.ids.data(), size_t(n_tok * r.k)));
-    std::vector<FfnWork> sorted;
-    sorted.reserve(ids.size());
-    for (int32_t e : ids) sorted.push_back(work(e));
-    std::vector<GpuTier::Assignment> sites;
-    if (gpu != nullptr) {
-      std::vector<int64_t> n_of(ids.size());
-      for (size_t i = 0; i < ids.size(); ++i) n_of[i] = int64_t(sorted[i].tokens.size());
-      sites = gpu->place(l, layer, ids, n_of);
-    }
-    auto from_host = [&](size_t i) {
-      sorted[i].gate = l.gate_exps.slice(ids[i]);
-      sorted[i].up = l.up_exps.slice(ids[i]);
-      sorted[i].down = l.down_exps.slice(ids[i]);
-    };
-    // a real GPU's share: its kernels are issued now and run while the CPU computes the rest
-    std::vector<GpuTier::DeviceFfn> on_device;
-    std::vector<size_t> device_idx;
-    std::vector<FfnWork> on_cpu;
-    on_cpu.reserve(ids.size());
-    for (size_t i = 0; i < ids.size(); ++i) {
-      FfnWork& f = sorted[i];
-      if (!sites.empty() && sites[i].on_device) {
-        on_device.push_back({.expert = ids[i], .site = &sites[i], .tokens = f.tokens, .scale = f.scale});
-        device_idx.push_back(i);
-        continue;
-      }
-      if (!sites.empty() && sites[i].views) {  // from its VRAM slot (the simulated device computes it with the same kernels)
-        f.gate = sites[i].views->gate;
-        f.up = sites[i].views->up;
-        f.down = sites[i].views->down;
-      } else {  // the CPU's, or shipped (the simulated device computes those from host memory too)
-        from_host(i);
-      }
-      on_cpu.push_back(std::move(f));
-    }
-    if (!on_device.empty()) gpu->begin_device_share(l, layer, on_device, h, n_tok, n_embd, glu);
-    const std::shared_ptr<const cpu::NumaLayout> numa = cpu::numa_snapshot();
-    run_ffns(be, on_cpu, h, n_tok, glu, out, numa.get());
-    if (!on_device.empty() && !gpu->end_device_share(out)) {  // a CUDA error: the CPU computes them
-      std::vector<FfnWork> redo;
-      for (size_t i : device_idx) {
-        from_host(i);
-        redo.push_back(std::move(sorted[i]));
-      }
-      run_ffns(be, redo, h, n_tok, glu, out, numa.get());
-    }
-    if (gpu != nullptr) gpu->layer_done(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    return;
+    batch.work.push_back(std::move(f));
   }
-  // NVMe tier: groups of at most chunk_experts(), each acquired (reads start for the experts not in
-  // RAM), computed (ready experts first) and released. Groups go in id order and run_ffns adds each
-  // token's experts in id order, so `out` sums exactly as in one call.
-  const size_t chunk = size_t(store->chunk_experts());
-  const std::shared_ptr<const cpu::NumaLayout> numa = cpu::numa_snapshot();
-  store->begin_layer(layer, ids);
-  for (size_t c0 = 0; c0 < ids.size(); c0 += chunk) {
-    const std::span<const int32_t> group(ids.data() + c0, std::min(chunk, ids.size() - c0));
-    const std::vector<ExpertView> views = store->acquire(layer, group);
-    std::vector<FfnWork> part;
-    part.reserve(group.size());
-    for (size_t i = 0; i < group.size(); ++i) {
-      FfnWork f = work(group[i]);
-      f.gate = views[i].gate;
-      f.up = views[i].up;
-      f.down = views[i].down;
-      f.view = &views[i];
-      part.push_back(std::move(f));
-    }
-    run_ffns(be, part, h, n_tok, glu, out, numa.get());
-    store->release(views);
-  }
+  return batch;
 }
 
-void prefetch_experts(const Backend& be, const Model& m, int il, const float* x, int64_t n_tok) {
-  ExpertStore* store = m.expert_store.get();
-  if (store == nullptr || n_tok > kPrefetchMaxTokens) return;
+void moe_ffn(const cpu::Matmul& mm, const LayerWeights& l, const Routing& r, const float* h, int64_t n_tok,
+             int64_t n_embd, float* out, const GluParams& glu) {
+  std::fill(out, out + n_tok * n_embd, 0.0f);
+  ExpertBatch batch = group_by_expert(l, r, n_tok, n_embd);
+  for (size_t i = 0; i < batch.ids.size(); ++i) {
+    batch.work[i].gate = l.gate_exps.slice(batch.ids[i]);
+    batch.work[i].up = l.up_exps.slice(batch.ids[i]);
+    batch.work[i].down = l.down_exps.slice(batch.ids[i]);
+  }
+  const std::shared_ptr<const cpu::NumaLayout> numa = cpu::numa_snapshot();
+  run_ffns(mm, batch.work, h, n_tok, glu, out, numa.get());
+}
+
+void ResidentExperts::run(const cpu::Matmul& mm, const LayerWeights& l, int, const Routing& r, const float* h,
+                          int64_t n_tok, int64_t n_embd, const GluParams& glu, float* out) {
+  moe_ffn(mm, l, r, h, n_tok, n_embd, out, glu);
+}
+
+RoutedExperts& resident_experts() {
+  static ResidentExperts experts;
+  return experts;
+}
+
+void look_ahead(const Exec& ex, const Model& m, int il, const float* x, int64_t n_tok) {
+  const int depth = ex.experts.lookahead_depth();
+  if (depth <= 0 || n_tok > kPrefetchMaxTokens) return;
   const HParams& hp = m.hparams();
   const int64_t E = hp.n_embd;
   std::vector<float> h(size_t(n_tok * E));
-  for (int d = 1; d <= store->prefetch_depth() && il + d < hp.n_layer; ++d) {
+  for (int d = 1; d <= depth && il + d < hp.n_layer; ++d) {
     const LayerWeights& l = m.layers[size_t(il + d)];
-    if (!l.is_moe() || l.tid2eid) continue;  // hash-routed layers: exact, issued by the forward pass
-    if (m.routing_override != nullptr) {
-      store->prefetch(il + d, d, m.routing_override->peek(il + d, n_tok));
+    if (!l.is_moe() || l.tid2eid) continue;  // hash-routed layers: exact, look_ahead_hashed
+    if (ex.routing != nullptr) {
+      ex.experts.prefetch(il + d, d, ex.routing->peek(il + d, n_tok));
       continue;
     }
     rms_norm_rows(x, l.ffn_norm, n_tok, E, hp.eps, h.data());
-    const Routing r = route(be, hp, l, h.data(), n_tok);
-    store->prefetch(il + d, d, experts_by_rank(r.ids, n_tok, r.k));
+    const Routing r = route(ex.be, hp, l, h.data(), n_tok);
+    ex.experts.prefetch(il + d, d, experts_by_rank(r.ids, n_tok, r.k));
   }
+}
+
+void look_ahead_hashed(const Exec& ex, const Model& m, const int32_t* tokens, int64_t n_tok) {
+  const int depth = ex.experts.lookahead_depth();
+  if (depth <= 0) return;
+  const HParams& hp = m.hparams();
+  const int k = hp.n_expert_used;
+  std::vector<int32_t> ids(size_t(n_tok * k));
+  for (int il = 0; il < hp.n_hash_layers; ++il) {
+    const int distance = std::min(il + 1, depth);
+    if (ex.routing != nullptr) {  // benchmarks: the override decides
+      ex.experts.prefetch(il, distance, ex.routing->peek(il, n_tok));
+      continue;
+    }
+    const Weight& table = m.layers[size_t(il)].tid2eid;
+    for (int64_t t = 0; t < n_tok; ++t)
+      std::copy_n(reinterpret_cast<const int32_t*>(table.row(tokens[t])), k, &ids[size_t(t * k)]);
+    ex.experts.prefetch(il, distance, experts_by_rank(ids, n_tok, k));
+  }
+}
+
+void moe_block(const Exec& ex, const Model& m, const LayerWeights& l, int il, const float* x, int64_t n_tok,
+               const int32_t* tokens, const GluParams& glu, float* h, float* y) {
+  const HParams& hp = m.hparams();
+  const int64_t E = hp.n_embd;
+  const bool main_layer = il < hp.n_layer;  // not the nextn layer
+  Routing routing;
+  {
+    prof::Span span(prof::Part::router, il);
+    if (main_layer) look_ahead(ex, m, il, x, n_tok);
+    ex.be.rms_norm_rows(x, l.ffn_norm, n_tok, E, hp.eps, h);
+    routing = route(ex.be, hp, l, h, n_tok, tokens);
+    if (ex.routing != nullptr && main_layer) ex.routing->choose(il, n_tok, routing);
+  }
+  prof::Span span(prof::Part::experts, il);
+  if (main_layer) ex.experts.run(ex.be.host(), l, il, routing, h, n_tok, E, glu, y);
+  else moe_ffn(ex.be.host(), l, routing, h, n_tok, E, y, glu);
 }
 
 std::vector<int32_t> experts_by_rank(std::span<const int32_t> ids, int64_t n_tok, int k) {

@@ -5,9 +5,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/kv_cache.h"
 #include "model/backend.h"
+#include "model/experts.h"
 #include "model/forward.h"
+#include "model/kv_cache.h"
 #include "model/model.h"
 
 namespace strata {
@@ -51,26 +52,74 @@ Routing route(const Backend& be, const HParams& hp, const LayerWeights& l, const
 void route_topk(const HParams& hp, const LayerWeights& l, float* logits, int64_t n_tok, const int32_t* tokens,
                 int32_t* ids, float* weights);
 
-// out[t] = sum_j weights[t][j] * expert_{ids[t][j]}(h[t]) for SwiGLU experts stacked in
-// gate/up/down (with the expert biases of `l`, if any, and activation `glu`). Tokens are grouped by
-// expert so each expert's weights are read once per call. With `store` (the NVMe tier), the
-// experts' weights come from it (layer `layer`), not from l's stacks; the result is the same.
-// With `gpu` (the GPU tier), experts the VRAM cache holds ready are computed from their slot.
-void moe_ffn(const cpu::Matmul& be, const LayerWeights& l, const Routing& r, const float* h, int64_t n_tok, int64_t n_embd,
-             float* out, const GluParams& glu = {}, ExpertStore* store = nullptr, int layer = -1,
-             GpuTier* gpu = nullptr);
+// Weights that may still be arriving (a routed expert the NVMe tier is reading): the FFN runner
+// computes the FFNs whose weights are in first, and waits for the others.
+class PendingWeights {
+ public:
+  virtual ~PendingWeights() = default;
+  // In now (or failed): a task on them would not block.
+  virtual bool arrived() const = 0;
+  // Blocks until they are in; false when they will not come (their tier reports why).
+  virtual bool wait() const = 0;
+};
 
-// Routing look-ahead of the NVMe tier (issue #6): right after layer il's attention, x [n_tok][E]
-// (the residual stream) normalised and routed by the routers of layers il+1 .. il+depth; their
-// chosen experts are handed to m.expert_store's prefetch. Nothing without a store, or for batches
-// above kPrefetchMaxTokens (a prefill needs nearly every expert of a layer anyway: its reads start
-// when the layer is routed).
+// One SwiGLU FFN of a batch (a routed expert, a shared expert or a dense FFN) and the rows of h it
+// runs on: out[tokens[i]] += scale[i] * (down(act(gate h + gate_b) * (up h + up_b)) + down_b).
+struct FfnWork {
+  Weight gate, up, down;          // 2D: [F][E], [F][E], [E][F]
+  const float* gate_b = nullptr;  // [F] (null: none)
+  const float* up_b = nullptr;    // [F]
+  const float* down_b = nullptr;  // [E]
+  std::vector<int64_t> tokens;    // rows of h, increasing
+  std::vector<float> scale;       // per token (same length as tokens)
+  const PendingWeights* pending = nullptr;  // null: the weights are in memory
+};
+
+// The active experts of routing r over n_tok tokens, in id order (ids), and for each its tokens in
+// token order with their routing weights and its biases from l (work[i] for ids[i]); the
+// matrices are left empty: where they are is the caller's choice.
+struct ExpertBatch {
+  std::vector<int32_t> ids;
+  std::vector<FfnWork> work;
+};
+ExpertBatch group_by_expert(const LayerWeights& l, const Routing& r, int64_t n_tok, int64_t n_embd);
+
+// Runs every FFN of `ffns` on h [n_h][E] and adds each token's outputs into out [n_h][E] in batch
+// order (so the sum's order is fixed: a batch cut into groups that go in id order sums as one
+// call); numa: the routed experts' row split (cpu::numa_snapshot), null for dense FFNs. Every
+// FFN's matrices share one type per role (the stacks of a layer).
+void run_ffns(const cpu::Matmul& mm, const std::vector<FfnWork>& ffns, const float* h, int64_t n_h,
+              const GluParams& glu, float* out, const cpu::NumaLayout* numa = nullptr);
+
+// out[t] = sum_j weights[t][j] * expert_{ids[t][j]}(h[t]) for SwiGLU experts stacked in l's
+// gate/up/down (with l's expert biases, if any, and activation `glu`), computed from those stacks.
+// Tokens are grouped by expert so each expert's weights are read once per call.
+void moe_ffn(const cpu::Matmul& mm, const LayerWeights& l, const Routing& r, const float* h, int64_t n_tok,
+             int64_t n_embd, float* out, const GluParams& glu = {});
+
+// Routing look-ahead (issue #6): right after layer il's attention, x [n_tok][E] (the FFN input
+// before its norm) normalised and routed by the routers of layers il+1 .. il+depth (depth: what
+// ex.experts asks for); their chosen experts are handed to ex.experts.prefetch (a routing override
+// is peeked instead). Nothing for batches above kPrefetchMaxTokens (a prefill needs nearly every
+// expert of a layer anyway: its reads start when the layer is routed), nor for hash-routed layers
+// (look_ahead_hashed).
 inline constexpr int64_t kPrefetchMaxTokens = 8;
-void prefetch_experts(const Backend& be, const Model& m, int il, const float* x, int64_t n_tok);
+void look_ahead(const Exec& ex, const Model& m, int il, const float* x, int64_t n_tok);
+// Hash-routed layers (deepseek4) choose their experts from the token ids alone: before the first
+// layer, each one's experts go to ex.experts.prefetch, exactly.
+void look_ahead_hashed(const Exec& ex, const Model& m, const int32_t* tokens, int64_t n_tok);
+
+// The routed-expert part of layer il (weights l; il == hp.n_layer: the nextn layer, whose experts
+// are the model's own and never overridden): the look-ahead from x [n_tok][E] (the FFN input
+// before its norm), h = ffn_norm(x), the router (tokens: the ids, for hash-routed layers), a
+// routing override, and the experts through ex.experts into y [n_tok][E] (overwritten). The
+// shared experts and the residual are the caller's (they read h).
+void moe_block(const Exec& ex, const Model& m, const LayerWeights& l, int il, const float* x, int64_t n_tok,
+               const int32_t* tokens, const GluParams& glu, float* h, float* y);
 
 // out[t] (+)= (down(act(gate h[t]) * up h[t]) + down_b) * (scale ? scale[t] : 1); accumulate adds
 // to out.
-void swiglu_ffn(const cpu::Matmul& be, const Weight& gate, const Weight& up, const Weight& down, const float* h,
+void swiglu_ffn(const cpu::Matmul& mm, const Weight& gate, const Weight& up, const Weight& down, const float* h,
                 int64_t n_tok, const float* scale, bool accumulate, float* out, const SwigluOptions& opt = {});
 
 // Causal GQA attention of n_tok queries at positions pos0.. over the layer's cache rows 0..pos

@@ -6,18 +6,19 @@
 // ([n_tok][n_vocab]) when all_logits, else of the last token of each span ([n_spans][n_vocab]).
 // `hidden`, when not null, receives the last layer's output rows [n_tok][n_embd] (before the final
 // norm: what a multi-token-prediction layer reads); deepseek4 has no such rows to give.
+// `ex` is what the pass runs on (model/experts.h): the backend's dense ops, the routed experts
+// wherever their tiers keep them, and an optional routing override.
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <vector>
 
-#include "engine/kv_cache.h"
+#include "model/experts.h"
+#include "model/kv_cache.h"
 #include "model/model.h"
 
 namespace strata {
-
-class Backend;  // model/backend.h
 
 struct SeqSpan {
   KvCache* cache = nullptr;
@@ -27,21 +28,21 @@ struct SeqSpan {
 
 // qwen3moe, qwen2moe, llama (Mixtral), gpt-oss: GQA attention (biases, sinks and sliding windows
 // where the model has them) + routed experts (hp.expert_glu; + shared expert).
-void forward_gqa_moe(const Model& m, const Backend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
+void forward_gqa_moe(const Model& m, const Exec& ex, std::span<const SeqSpan> seqs, const int32_t* tokens,
                      bool all_logits, float* logits, float* hidden = nullptr);
 // deepseek2: MLA attention, leading dense layers, shared experts, grouped sigmoid routing.
-void forward_deepseek2(const Model& m, const Backend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
+void forward_deepseek2(const Model& m, const Exec& ex, std::span<const SeqSpan> seqs, const int32_t* tokens,
                        bool all_logits, float* logits, float* hidden = nullptr);
 
 // One block (layer il, weights l) of those families on the residual stream x [n_tok][n_embd], in
 // place; h and y are scratch of x's size. il == hp.n_layer is the nextn layer: its cache layer is
-// il, and its experts are never streamed or replaced by a routing override.
-void gqa_moe_block(const Model& m, const Backend& be, std::span<const SeqSpan> seqs, int il,
+// il, and its experts are its own weights' (never a tier's, never replaced by a routing override).
+void gqa_moe_block(const Model& m, const Exec& ex, std::span<const SeqSpan> seqs, int il,
                    const LayerWeights& l, float* x, int64_t n_tok, float* h, float* y);
 struct MlaScratch {
   std::vector<float> q, kv, attn, qa;
 };
-void deepseek2_block(const Model& m, const Backend& be, std::span<const SeqSpan> seqs, int il,
+void deepseek2_block(const Model& m, const Exec& ex, std::span<const SeqSpan> seqs, int il,
                      const LayerWeights& l, float* x, int64_t n_tok, float* h, float* y, MlaScratch& scratch);
 
 // The multi-token-prediction layer (m.mtp, model.h) on n_tok tokens: row t's input is the
@@ -58,7 +59,7 @@ void init_mtp_cache(const Model& m, int n_ctx, KvCache& cache, KvType type = KvT
 
 // deepseek4: hyper-connection streams, compressed attention with the lightning indexer, grouped
 // output LoRA, hash-routed and sqrt-softplus routed experts (arch_deepseek4.cpp).
-void forward_deepseek4(const Model& m, const Backend& be, std::span<const SeqSpan> seqs, const int32_t* tokens,
+void forward_deepseek4(const Model& m, const Exec& ex, std::span<const SeqSpan> seqs, const int32_t* tokens,
                        bool all_logits, float* logits);
 void init_deepseek4_cache(const Model& m, int n_ctx, KvCache& cache);
 

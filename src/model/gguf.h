@@ -19,7 +19,7 @@
 
 #include "base/error.h"
 #include "base/mapped_file.h"
-#include "model/ggml_type.h"
+#include "cpu/ggml_type.h"
 
 namespace strata {
 

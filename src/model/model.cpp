@@ -1,6 +1,5 @@
 #include "model/model.h"
 
-#include "gpu/gpu_tier.h"
 #include "model/backend.h"
 
 #include <fcntl.h>
@@ -17,7 +16,6 @@
 
 #include "cpu/quant_traits.h"
 #include "cpu/repack.h"
-#include "storage/expert_store.h"
 
 namespace strata {
 namespace {
@@ -579,9 +577,7 @@ uint64_t kv_bytes_per_token(const HParams& hp, KvType type) {
 }
 
 Model::Model() = default;
-// The GPU tier saves its routing counts on destruction (gpu.heat_file) and reads the hyperparameters
-// to do so: it goes before the members it reads.
-Model::~Model() { gpu_tier.reset(); }
+Model::~Model() = default;
 
 Result<std::unique_ptr<Model>> Model::load(const std::string& path, MappedFile::Mode mode, bool repack,
                                            bool stream_experts) {
@@ -613,6 +609,7 @@ Result<std::unique_ptr<Model>> Model::load(GgufFile file, bool repack, bool stre
   TensorGetter g = stream_experts ? TensorGetter(f, &m->resident_, repack, fd)
                                   : TensorGetter(f, repack ? f.mutable_bytes() : nullptr);
   m->streamed_repack = stream_experts && repack;
+  m->experts_streamed = stream_experts;
   const int64_t E = hp.n_embd;
   const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
   if (!embd || embd->n_dims != 2)
@@ -648,7 +645,7 @@ cpu::PlacementStats place_in_numa(const Model& m, const cpu::NumaLayout& l, std:
   if (l.topology().n_nodes() == 1 && l.options().policy != cpu::NumaPolicy::node)
     return skip("one NUMA node: nothing to place");
   if (!l.topology().is_this_system()) return skip("a stand-in topology: nothing is bound");
-  if (m.file().load_mode() != MappedFile::Mode::ram || m.expert_store != nullptr)
+  if (m.file().load_mode() != MappedFile::Mode::ram || m.experts_streamed)
     return skip("weights not read into RAM (mapped file or streamed experts): the page cache decides where they are");
   // the routed experts by their rows (under shard), then every byte between them spread (so no
   // page moves twice)

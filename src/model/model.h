@@ -10,10 +10,10 @@
 
 #include "base/error.h"
 #include "cpu/ops.h"
-#include "engine/kv_cache.h"
-#include "model/gguf.h"
 #include "cpu/numa.h"
-#include "model/weights.h"
+#include "cpu/weights.h"
+#include "model/gguf.h"
+#include "model/kv_cache.h"
 
 namespace strata {
 
@@ -140,11 +140,6 @@ struct MtpWeights {
   Weight embed, head;                 // its own embeddings and head, else the model's
 };
 
-class Backend;
-class ExpertStore;
-class GpuTier;
-class RoutingOverride;
-
 class Model {
  public:
   Model();
@@ -154,7 +149,7 @@ class Model {
   // stay as they are.
   // stream_experts (a mapped file): every weight but the routed experts' matrices is copied into
   // RAM (and repacked there); the experts stay in the file for an ExpertStore (storage/
-  // expert_store.h) to read, which the caller then attaches as expert_store.
+  // expert_store.h) to read (the engine opens one).
   static Result<std::unique_ptr<Model>> load(const std::string& path,
                                              MappedFile::Mode mode = MappedFile::Mode::mmap,
                                              bool repack = true, bool stream_experts = false);
@@ -176,26 +171,16 @@ class Model {
   double repack_seconds = 0;
   // stream_experts: bytes of the weights copied into RAM (everything but the routed experts).
   uint64_t resident_bytes = 0;
-  // Loaded with stream_experts: whether the routed experts are to be interleaved where read (as
+  // Loaded with stream_experts: the routed experts stay in the file (their Weights point into the
+  // mapping, for an expert store to read), and whether they are to be interleaved where read (as
   // the resident weights are).
+  bool experts_streamed = false;
   bool streamed_repack = false;
-  // Replaces the routers' choices when set (benchmarks; model/blocks.h). Not owned.
-  RoutingOverride* routing_override = nullptr;
-  // The GPU tier's VRAM cache of routed experts (null: none; gpu/gpu_tier.h).
-  std::unique_ptr<GpuTier> gpu_tier;
-  // The backend the forward passes of quantized-path sessions run on (null: each session's
-  // CpuBackend): the CUDA backend when budgets.vram names a real GPU (gpu/cuda_backend.h).
-  std::unique_ptr<Backend> backend;
 
  private:
   GgufFile file_;
   HParams hp_;
   std::vector<std::unique_ptr<uint8_t, void (*)(void*)>> resident_;  // stream_experts copies
-
- public:
-  // The NVMe tier's routed experts (null: every expert is in the weights above). Declared last,
-  // so destroyed first: it reads the file and refers to the model.
-  std::unique_ptr<ExpertStore> expert_store;
 };
 
 // Binds the weights read into RAM by the NUMA layout's policy (cpu/numa.h): the routed experts'

@@ -1,6 +1,5 @@
 #include "server/http_server.h"
 
-#include "storage/expert_store.h"
 
 #include <httplib.h>
 
@@ -337,21 +336,23 @@ void HttpServer::routes() {
     metric("strata_sequences_active", "gauge", "sequences being decoded", double(m.active));
     metric("strata_queue_length", "gauge", "requests waiting for a sequence slot", double(m.queued));
     metric("strata_sequence_slots", "gauge", "sequences decoded together at most", double(scheduler_.options().max_sequences));
-    // tiers: no GPU tier yet (#7); the NVMe tier when the experts are streamed (its own counters)
-    const ExpertStore* store = scheduler_.model().expert_store.get();
-    const ExpertStoreStats st = store ? store->stats() : ExpertStoreStats{};
-    const double ram_ratio = store ? st.hit_rate() : 1.0;
+    // the tiers: routed-expert uses served from each (no tier: every one from RAM) and bytes per link
+    const Engine::TierStats ts = scheduler_.engine().tier_stats();
+    auto share = [&](uint64_t n, double none) { return ts.uses ? double(n) / double(ts.uses) : none; };
     t += "# HELP strata_expert_cache_hit_ratio share of routed-expert uses served by each tier (since start)\n"
          "# TYPE strata_expert_cache_hit_ratio gauge\n";
-    t += strfmt("strata_expert_cache_hit_ratio{tier=\"vram\"} 0\nstrata_expert_cache_hit_ratio{tier=\"ram\"} %.6g\n"
+    t += strfmt("strata_expert_cache_hit_ratio{tier=\"vram\"} %.6g\nstrata_expert_cache_hit_ratio{tier=\"ram\"} %.6g\n"
                 "strata_expert_cache_hit_ratio{tier=\"nvme\"} %.6g\n",
-                ram_ratio, 1.0 - ram_ratio);
-    t += "# HELP strata_weight_bytes_total weight bytes read by each tier (ram: decode steps, estimated per token; "
-         "nvme: bytes read from the model file)\n"
+                share(ts.vram, 0.0), share(ts.ram, 1.0), share(ts.nvme, 0.0));
+    t += "# HELP strata_expert_promotions_total routed experts copied into VRAM slots\n"
+         "# TYPE strata_expert_promotions_total counter\n";
+    t += strfmt("strata_expert_promotions_total %.6g\n", double(ts.promotions));
+    t += "# HELP strata_weight_bytes_total weight bytes moved per link (ram: decode steps, estimated per token; "
+         "pcie: host-to-device copies of the GPU tier; nvme: bytes read from the model file)\n"
          "# TYPE strata_weight_bytes_total counter\n";
-    t += strfmt("strata_weight_bytes_total{tier=\"vram\"} 0\nstrata_weight_bytes_total{tier=\"ram\"} %.6g\n"
-                "strata_weight_bytes_total{tier=\"nvme\"} %.6g\n",
-                weight_bytes * double(m.completion_tokens_total), double(st.bytes_read));
+    t += strfmt("strata_weight_bytes_total{link=\"ram\"} %.6g\nstrata_weight_bytes_total{link=\"pcie\"} %.6g\n"
+                "strata_weight_bytes_total{link=\"nvme\"} %.6g\n",
+                weight_bytes * double(m.completion_tokens_total), double(ts.pcie_bytes), double(ts.nvme_bytes));
     res.set_content(t, "text/plain; version=0.0.4");
   });
 

@@ -66,8 +66,9 @@ double now_s() {
 }
 }  // namespace
 
-Scheduler::Scheduler(const Model& model, const Tokenizer& tok, SchedulerOptions o)
-    : model_(model), tok_(tok), o_(o) {
+Scheduler::Scheduler(const Engine& engine, const Tokenizer& tok, SchedulerOptions o)
+    : engine_(engine), model_(engine.model()), tok_(tok), o_(o) {
+  const Model& model = model_;
   STRATA_CHECK(o_.max_sequences >= 1 && o_.max_queue >= 0 && o_.ctx >= 2);
   STRATA_CHECK(o_.drafter == "none" || o_.drafter == "ngram" || (o_.drafter == "mtp" && model.mtp != nullptr),
                "the server drafts with none, ngram, or mtp where the model has an MTP layer");
@@ -167,7 +168,7 @@ void Scheduler::loop() {
       }
       if (!s.sampler) {
         const CompletionRequest& r = s.job->request;
-        if (!s.session) s.session = std::make_unique<Session>(model_, o_.ctx, cpu::MatmulPath::quantized, o_.kv_type);
+        if (!s.session) s.session = std::make_unique<Session>(engine_, o_.ctx, cpu::MatmulPath::quantized, o_.kv_type);
         s.session->reset();
         s.sampler = std::make_unique<Sampler>(r.sampling);
         s.stream = std::make_unique<TextStream>(r.stop);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "engine/engine.h"
 #include "engine/sampler.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
@@ -91,7 +92,8 @@ struct SchedulerMetrics {
 
 class Scheduler {
  public:
-  Scheduler(const Model& model, const Tokenizer& tok, SchedulerOptions o);
+  // Sequences of `engine`'s model, run on its tiers; the engine outlives the scheduler.
+  Scheduler(const Engine& engine, const Tokenizer& tok, SchedulerOptions o);
   ~Scheduler();  // finishes every job (cancelled) and joins the thread
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -104,12 +106,14 @@ class Scheduler {
   void cancel_all() { cancel_all_.store(true); }
   SchedulerMetrics metrics() const;
   const SchedulerOptions& options() const { return o_; }
-  const Model& model() const { return model_; }
+  const Engine& engine() const { return engine_; }
+  const Model& model() const { return engine_.model(); }
 
  private:
   struct Slot;
   void loop();
 
+  const Engine& engine_;
   const Model& model_;
   const Tokenizer& tok_;
   const SchedulerOptions o_;

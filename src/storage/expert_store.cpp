@@ -8,7 +8,6 @@
 #include <cinttypes>
 
 #include "cpu/repack.h"
-#include "model/model.h"
 
 namespace strata {
 
@@ -57,8 +56,7 @@ bool ExpertView::wait() const {
   }
 }
 
-ExpertStore::ExpertStore(const Model& model, const ExpertStoreOptions& options)
-    : model_(model), options_(options) {}
+ExpertStore::ExpertStore(const ExpertStoreOptions& options) : options_(options) {}
 
 ExpertStore::~ExpertStore() {
   {
@@ -70,39 +68,40 @@ ExpertStore::~ExpertStore() {
   if (arena_ != nullptr) ::munmap(arena_, size_t(n_slots_) * slot_bytes_);
 }
 
-Result<std::unique_ptr<ExpertStore>> ExpertStore::open(const Model& model, const std::string& path,
+Result<std::unique_ptr<ExpertStore>> ExpertStore::open(const ExpertLayout& layout, const std::string& path,
                                                         const ExpertStoreOptions& options) {
-  const HParams& hp = model.hparams();
-  if (hp.n_expert <= 0) return Error{path + ": the model has no routed experts to stream"};
+  const int n_layer = int(layout.stacks.size());
+  if (layout.n_expert <= 0) return Error{path + ": the model has no routed experts to stream"};
   if (options.queue_depth < 1 || options.queue_depth > 1024)
     return Error{strfmt("storage.queue_depth is %d, expected 1 to 1024", options.queue_depth)};
   if (options.prefetch_depth < 0 || options.prefetch_depth > 8)
     return Error{strfmt("storage.prefetch_depth is %d, expected 0 to 8", options.prefetch_depth)};
-  std::unique_ptr<ExpertStore> s(new ExpertStore(model, options));
-  s->shape_ = CacheShape{hp.n_layer, hp.n_expert};
+  std::unique_ptr<ExpertStore> s(new ExpertStore(options));
+  s->shape_ = CacheShape{n_layer, layout.n_expert};
 
   // Where each matrix of each expert lies in the file, and where in a slot it goes: a slot has one
   // region per role, big enough for the aligned range covering that role's matrix in any layer.
-  const uint8_t* base = model.file().bytes_.data();
-  const size_t L = size_t(hp.n_layer);
+  const uint8_t* base = layout.file.data();
+  const size_t L = size_t(n_layer);
   s->stacks_.resize(L * kRoles);
   s->role_offset_.assign(L * kRoles, 0);
   s->interleave_.assign(L * kRoles, 0);
   s->matrices_.resize(size_t(s->shape_.n_keys()) * kRoles);
   for (size_t il = 0; il < L; ++il) {
-    const LayerWeights& l = model.layers[il];
-    if (!l.is_moe()) continue;
-    const Weight stacks[kRoles] = {l.gate_exps, l.up_exps, l.down_exps};
+    const std::array<Weight, kRoles>& stacks = layout.stacks[il];
+    if (!stacks[0]) continue;
     size_t offset = 0;
     for (int r = 0; r < kRoles; ++r) {
       const Weight& st = stacks[r];
-      STRATA_CHECK(st.n_mat == hp.n_expert && !st.interleaved, "streamed experts must stay in the file's layout");
+      STRATA_CHECK(st.n_mat == layout.n_expert && !st.interleaved, "streamed experts must stay in the file's layout");
+      STRATA_CHECK(st.data >= base && st.data + size_t(st.n_mat) * st.mat_bytes() <= base + layout.file.size(),
+                   "a streamed stack lies inside the layout's file");
       s->stacks_[il * kRoles + size_t(r)] = st;
       s->role_offset_[il * kRoles + size_t(r)] = offset;
       offset += round_up(st.mat_bytes(), kAlign) + kAlign;  // an aligned cover is at most this
       Weight one = st.slice(0);
-      s->interleave_[il * kRoles + size_t(r)] = model.streamed_repack && cpu::can_interleave(one);
-      for (int64_t e = 0; e < hp.n_expert; ++e) {
+      s->interleave_[il * kRoles + size_t(r)] = layout.repack && cpu::can_interleave(one);
+      for (int64_t e = 0; e < layout.n_expert; ++e) {
         const uint64_t at = uint64_t(st.data - base) + uint64_t(e) * st.mat_bytes();
         const uint64_t first = at / kAlign * kAlign, end = round_up(at + st.mat_bytes(), kAlign);
         s->matrices_[size_t(s->shape_.key(int32_t(il), int32_t(e))) * kRoles + size_t(r)] =
@@ -117,11 +116,11 @@ Result<std::unique_ptr<ExpertStore>> ExpertStore::open(const Model& model, const
   // of the chunk being computed are at most chunk_ (declined by the policy, or evicted while
   // pinned); prefetched experts the policy declined wait for their layer in the rest (prefetch
   // never takes the last chunk_ free slots).
-  s->chunk_ = std::min(hp.n_expert, std::max(8, 2 * hp.n_expert_used));
+  s->chunk_ = std::min(layout.n_expert, std::max(8, 2 * layout.n_expert_used));
   s->reserve_ = int64_t(s->chunk_) + (options.queue_depth + kRoles - 1) / kRoles + 1 +
-                int64_t(options.prefetch_depth) * hp.n_expert_used;
+                int64_t(options.prefetch_depth) * layout.n_expert_used;
   s->n_slots_ = int64_t(options.cache_bytes / s->slot_bytes_);
-  const int64_t min_slots = s->min_slots_ = s->reserve_ + hp.n_expert_used;  // a cache of one token's experts
+  const int64_t min_slots = s->min_slots_ = s->reserve_ + layout.n_expert_used;  // a cache of one token's experts
   if (s->n_slots_ < min_slots) {
     return Error{strfmt("the routed-expert cache needs at least %" PRId64 " slots of %.1f MiB = %.0f MiB, "
                         "but budgets.ram leaves %.0f MiB for it (raise budgets.ram)",

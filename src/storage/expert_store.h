@@ -18,6 +18,7 @@
 // on ExpertView::wait.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -29,13 +30,23 @@
 #include <vector>
 
 #include "base/error.h"
-#include "model/weights.h"
+#include "cpu/weights.h"
 #include "storage/block_reader.h"
 #include "storage/expert_cache.h"
 
 namespace strata {
 
-class Model;
+// What the store streams: each layer's routed experts as stacked matrices in the file (the store
+// knows byte ranges, not models; the engine describes a model so, engine/engine.h).
+struct ExpertLayout {
+  int n_expert = 0;       // experts per MoE layer
+  int n_expert_used = 0;  // chosen per token (the reserve and chunk sizes follow from it)
+  // [layer][gate, up, down]: the stacks ([n_expert] matrices in the file's layout, each Weight's
+  // data inside `file`); empty Weights for a layer without routed experts
+  std::vector<std::array<Weight, 3>> stacks;
+  std::span<const uint8_t> file;  // the mapped file the stacks point into (offsets are data - file)
+  bool repack = false;            // interleave each matrix where read, as the resident weights are
+};
 
 struct ExpertStoreOptions {
   uint64_t cache_bytes = 0;   // RAM for the slots (budgets.ram less the resident part)
@@ -92,10 +103,10 @@ class ExpertStore {
   // kRepacking: being interleaved.
   enum SlotState : int32_t { kEmpty = 0, kLoading = 1, kRead = 2, kRepacking = 3, kReady = 4, kFailed = 5 };
 
-  // `model` was loaded with streamed experts (Model::load(..., stream_experts)); `path` is its file.
-  // Errors: the file cannot be opened; cache_bytes too small for the reserve plus a useful cache
-  // (the message gives the minimum).
-  static Result<std::unique_ptr<ExpertStore>> open(const Model& model, const std::string& path,
+  // The experts of `layout`, read from `path` (the file the layout's stacks are mapped from).
+  // Errors: no routed experts; the file cannot be opened; cache_bytes too small for the reserve
+  // plus a useful cache (the message gives the minimum).
+  static Result<std::unique_ptr<ExpertStore>> open(const ExpertLayout& layout, const std::string& path,
                                                    const ExpertStoreOptions& options);
   ~ExpertStore();
 
@@ -157,7 +168,7 @@ class ExpertStore {
     bool failed = false;        // one of its reads failed
   };
 
-  ExpertStore(const Model& model, const ExpertStoreOptions& options);
+  explicit ExpertStore(const ExpertStoreOptions& options);
   // Under mu_. admit: a slot for the non-resident `key`, inserted into the policy when it accepts
   // it; waits for a free slot on `wait` (demand), else gives up (-1; prefetch).
   int32_t admit(ExpertKey key, std::unique_lock<std::mutex>* wait);
@@ -171,7 +182,6 @@ class ExpertStore {
   void on_read_done(uint64_t tag, const Status& status);
   Weight view(int32_t slot, int role) const;
 
-  const Model& model_;
   ExpertStoreOptions options_;
   CacheShape shape_;
   int64_t n_slots_ = 0, reserve_ = 0, min_slots_ = 0;

@@ -1,4 +1,4 @@
-#include "model/ggml_type.h"
+#include "cpu/ggml_type.h"
 
 #include <array>
 #include <cctype>

@@ -27,7 +27,7 @@
 #include "gpu/device.h"
 #include "gpu/sim_device.h"
 #include "gpu/vram_cache.h"
-#include "model/weights.h"
+#include "cpu/weights.h"
 
 namespace strata {
 

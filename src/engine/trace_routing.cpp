@@ -1,4 +1,4 @@
-#include "model/trace_routing.h"
+#include "engine/trace_routing.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "gpu/gpu_tier.h"
+#include "engine/gpu_tier.h"
 
 #include <algorithm>
 #include <cerrno>
