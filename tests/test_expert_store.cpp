@@ -16,6 +16,7 @@
 #include "model/model_info.h"
 #include "model/synth.h"
 #include "engine/engine.h"
+#include "engine/gpu_tier.h"
 #include "storage/expert_store.h"
 
 namespace strata {
@@ -144,6 +145,48 @@ TEST(ExpertStore, StreamedEqualsInRam) {
     EXPECT_GT(st.predicted[0], 0);
     EXPECT_LE(st.predicted_right[0], st.predicted[0]);
     EXPECT_GT(st.bytes_read, 0u);
+  }
+}
+
+// Three tiers at once (simulated VRAM + the RAM slots of the expert store + the file): a third of
+// the experts get VRAM slots, promoted from the store's RAM slots; the rest are computed by the
+// CPU from RAM or read from the file. Decode is bit-identical to the all-in-RAM model on every
+// architecture, and each tier serves some uses.
+TEST(ThreeTiers, SimulatedVramRamAndNvmeEqualTheAllInRamRun) {
+  for (const char* shape : {"tiny", "tiny-deepseek2", "tiny-gpt-oss", "tiny-mixtral", "tiny-deepseek4"}) {
+    SCOPED_TRACE(shape);
+    StreamedModel sm(shape);
+    const auto ram = sm.in_ram();
+    const auto want = run(*ram, 20, 24);
+    auto m = sm.streamed(0, small_queue());
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    Engine& engine = **m;
+    const int64_t n_experts = total_experts(engine.model());
+    ASSERT_LT(engine.expert_store()->n_slots(), n_experts);
+    GpuTier::Options o{.vram_bytes = GpuTier::arena_bytes(engine.model(), int(n_experts / 3))};
+    o.cache.max_promotions = 8;
+    auto tier = GpuTier::create_simulated(engine.model(), o);
+    ASSERT_TRUE(tier.ok()) << tier.error().message;
+    engine.set_gpu_tier(std::move(*tier));
+    expect_identical(run(engine, 20, 24), want);
+    const GpuTier::Stats g = engine.gpu_tier()->stats();
+    EXPECT_GT(g.promotions, 0u) << engine.gpu_tier()->summary();
+    EXPECT_GT(g.gpu_uses, 0u) << engine.gpu_tier()->summary();
+    EXPECT_EQ(g.ship_uses, 0u) << "streamed experts are not shipped";
+    EXPECT_EQ(g.stalls, 0u);
+    const ExpertStoreStats st = engine.expert_store()->stats();
+    EXPECT_GT(st.demand_reads, 0);
+    EXPECT_EQ(uint64_t(st.accesses), g.cpu_uses) << "the store serves exactly the CPU's uses";
+    const Engine::TierStats ts = engine.tier_stats();
+    EXPECT_EQ(ts.uses, g.gpu_uses + g.cpu_uses);
+    EXPECT_EQ(ts.vram + ts.ram + ts.nvme, ts.uses);
+    EXPECT_GT(ts.vram, 0u);
+    EXPECT_GT(ts.ram, 0u);
+    EXPECT_GT(ts.nvme, 0u);
+    EXPECT_GT(ts.nvme_bytes, 0u);
+    EXPECT_GT(ts.pcie_bytes, 0u);
+    engine.expert_store()->drain();
+    EXPECT_EQ(engine.expert_store()->slot_counts().other, 0) << "a RAM slot leaked (a promotion's pin)";
   }
 }
 

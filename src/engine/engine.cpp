@@ -63,14 +63,22 @@ Engine::~Engine() {
   backend_.reset();
 }
 
-void Engine::set_expert_store(std::unique_ptr<ExpertStore> store) {
-  store_ = std::move(store);
+// The routed experts over whichever tiers there are; the GPU tier promotes from the store's RAM
+// slots when the experts are streamed.
+void Engine::wire_tiers() {
+  if (gpu_) gpu_->stream_from(store_.get());
   experts_ = std::make_unique<TieredExperts>(store_.get(), gpu_.get());
+}
+
+void Engine::set_expert_store(std::unique_ptr<ExpertStore> store) {
+  if (gpu_) gpu_->stream_from(nullptr);  // before the old store goes
+  store_ = std::move(store);
+  wire_tiers();
 }
 
 void Engine::set_gpu_tier(std::unique_ptr<GpuTier> gpu) {
   gpu_ = std::move(gpu);
-  experts_ = std::make_unique<TieredExperts>(store_.get(), gpu_.get());
+  wire_tiers();
 }
 
 void Engine::set_backend(std::unique_ptr<Backend> backend) { backend_ = std::move(backend); }
@@ -79,20 +87,23 @@ RoutedExperts& Engine::experts() const { return *experts_; }
 
 Engine::TierStats Engine::tier_stats() const {
   TierStats t;
+  // the GPU tier places every use (VRAM, or host memory); the store serves the host's uses of
+  // streamed experts (RAM, or a read from the file)
   if (gpu_) {
     const GpuTier::Stats g = gpu_->stats();
-    t.uses += g.gpu_uses + g.ship_uses + g.cpu_uses;
-    t.vram += g.gpu_uses;
-    t.ram += g.ship_uses + g.cpu_uses;
+    t.uses = g.gpu_uses + g.ship_uses + g.cpu_uses;
+    t.vram = g.gpu_uses;
+    t.ram = g.ship_uses + g.cpu_uses;
     t.promotions = g.promotions;
     t.pcie_bytes = g.pcie_bytes;
   }
   if (store_) {
     const ExpertStoreStats st = store_->stats();
     const uint64_t in_ram = uint64_t(st.hits - st.prefetch_used);  // found in RAM without a read for this use
-    t.uses += uint64_t(st.accesses);
-    t.ram += in_ram;
-    t.nvme += uint64_t(st.accesses) - in_ram;
+    const uint64_t read = uint64_t(st.accesses) - in_ram;
+    if (!gpu_) t.uses = t.ram = uint64_t(st.accesses);
+    t.ram -= std::min(t.ram, read);
+    t.nvme = read;
     t.nvme_bytes = st.bytes_read;
   }
   return t;
@@ -135,10 +146,6 @@ Result<std::unique_ptr<Engine>> Engine::open(const Config& c, const char* cmd) {
   const bool has_experts = hp->n_expert > 0;
   const bool real_gpu = c.vram_budget > 0 && !c.gpu_simulate && n_gpus > 0;
   const bool gpu_tier = c.vram_budget > 0 && has_experts && (c.gpu_simulate || real_gpu);
-  if (stream && gpu_tier)
-    return Error{"config " + c.source + ": the GPU tier together with routed experts streamed from NVMe "
-                 "(budgets.vram with budgets.ram below the model) is not built yet (issue #29): set budgets.ram to "
-                 "hold the model, or budgets.vram = 0"};
   auto m = Model::load(c.model_path, budget->load, c.repack, stream);
   if (!m) return m.error();
   auto engine = std::make_unique<Engine>(std::move(*m), c);

@@ -86,6 +86,7 @@ class Engine {
   void session_closed(const Session* session) const;
 
  private:
+  void wire_tiers();
   std::unique_ptr<Model> model_;
   Config config_;
   ModelSummary summary_;

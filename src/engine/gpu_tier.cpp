@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cpu/repack.h"
+#include "storage/expert_store.h"
 #include "gpu/cuda_device.h"
 #include "gpu/cuda_kernels.h"
 #include "gpu/sim_device.h"
@@ -145,6 +146,10 @@ std::vector<GpuTier::Assignment> GpuTier::place(const LayerWeights& l, int layer
     for (ExpertSite& site : p.site)
       if (!cuda_->error().empty() || !gpu_layer_[size_t(layer)] || (site == ExpertSite::ship && ship_[1].id < 0))
         site = ExpertSite::cpu;
+  // streamed experts are not in host memory to ship from
+  if (store_ != nullptr)
+    for (ExpertSite& site : p.site)
+      if (site == ExpertSite::ship) site = ExpertSite::cpu;
   counts_.model_cpu_s += p.cpu_s;
   counts_.model_gpu_s += p.gpu_s;
   counts_.model_copy_s += p.copy_s;
@@ -167,7 +172,13 @@ std::vector<GpuTier::Assignment> GpuTier::place(const LayerWeights& l, int layer
       v.up.data = at + l.gate_exps.mat_bytes();
       v.down = l.down_exps.slice(0);
       v.down.data = at + l.gate_exps.mat_bytes() + l.up_exps.mat_bytes();
-      if (cuda_ != nullptr) v.gate.interleaved = v.up.interleaved = v.down.interleaved = false;  // the file's layout
+      if (cuda_ != nullptr) {
+        v.gate.interleaved = v.up.interleaved = v.down.interleaved = false;  // the file's layout
+      } else if (store_ != nullptr) {  // simulated, promoted from the store's slot: its layout
+        v.gate.interleaved = store_->interleaved(layer, 0);
+        v.up.interleaved = store_->interleaved(layer, 1);
+        v.down.interleaved = store_->interleaved(layer, 2);
+      }
       out[i].views = v;
       const double seconds = o_.costs.gpu_seconds(bytes, params, n_tok[i]);
       counts_.gpu_seconds += seconds;
@@ -259,26 +270,44 @@ gpu::VramExpertCache::HostBytes GpuTier::host_bytes() {
     const LayerWeights& l = m_.layers[size_t(layer)];
     std::vector<std::span<const uint8_t>> pieces;
     deinterleaved_.resize(3);
-    int k = 0;
-    for (const Weight* w : {&l.gate_exps, &l.up_exps, &l.down_exps}) {
-      const Weight x = w->slice(e);
-      if (!x.interleaved || cuda_ == nullptr) {  // the simulation computes a slot with the CPU kernels
+    std::optional<ExpertView> held;  // streamed experts: the store's RAM slot, pinned
+    if (store_ != nullptr) {
+      held = store_->pin_if_in_ram(layer, e);
+      if (!held) return pieces;  // not in RAM: a candidate again later
+      if (!held->wait()) {       // bytes in (ready, or interleaved now); a failed read is not copied
+        store_->release(std::span<const ExpertView>(&*held, 1));
+        return pieces;
+      }
+    }
+    const Weight* mats[3] = {&l.gate_exps, &l.up_exps, &l.down_exps};
+    if (held) mats[0] = &held->gate, mats[1] = &held->up, mats[2] = &held->down;
+    for (int k = 0; k < 3; ++k) {
+      const Weight x = held ? *mats[k] : mats[k]->slice(e);
+      // the simulation computes a slot with the CPU kernels (their layout); the GPU's kernels read
+      // the file's: rows the loader interleaved are put back. A store's slot is reused once
+      // released: its bytes are copied out first.
+      if (!held && (!x.interleaved || cuda_ == nullptr)) {
         pieces.emplace_back(x.data, x.mat_bytes());
-        ++k;
         continue;
       }
-      // the GPU's kernels read the file's layout: rows the loader interleaved are put back
-      std::vector<uint8_t>& file = deinterleaved_[size_t(k++)];
-      file.resize(x.mat_bytes());
-      for (int64_t r = 0; r < x.n_out; ++r) {
-        const uint8_t* row = cpu::file_row(x, r, 0, file.data() + size_t(r) * x.row_bytes);
-        if (row != file.data() + size_t(r) * x.row_bytes) std::memcpy(file.data() + size_t(r) * x.row_bytes, row, x.row_bytes);
+      std::vector<uint8_t>& out = deinterleaved_[size_t(k)];
+      out.resize(x.mat_bytes());
+      if (!x.interleaved || cuda_ == nullptr) {
+        std::memcpy(out.data(), x.data, x.mat_bytes());
+      } else {
+        for (int64_t r = 0; r < x.n_out; ++r) {
+          const uint8_t* row = cpu::file_row(x, r, 0, out.data() + size_t(r) * x.row_bytes);
+          if (row != out.data() + size_t(r) * x.row_bytes) std::memcpy(out.data() + size_t(r) * x.row_bytes, row, x.row_bytes);
+        }
       }
-      pieces.emplace_back(file.data(), file.size());
+      pieces.emplace_back(out.data(), out.size());
     }
+    if (held) store_->release(std::span<const ExpertView>(&*held, 1));
     return pieces;
   };
 }
+
+bool GpuTier::resident(int layer, int expert) const { return cache_->resident(layer, expert); }
 
 void GpuTier::end_step() { cache_->end_step(host_bytes()); }
 

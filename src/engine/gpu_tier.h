@@ -34,6 +34,7 @@ namespace strata {
 namespace gpu {
 class CudaDevice;
 }  // namespace gpu
+class ExpertStore;
 class Model;
 struct LayerWeights;
 struct GluParams;
@@ -102,6 +103,14 @@ class GpuTier {
   // only); the caller computes those experts itself.
   bool end_device_share(float* out);
   bool on_cuda() const { return cuda_ != nullptr; }
+
+  // The routed experts' host copies are the NVMe tier's (three tiers at once): promotions copy an
+  // expert from its RAM slot in `store` (pinned for the copy; an expert not in RAM is not promoted
+  // until it is), and nothing is shipped (an expert's bytes are in RAM only while the store holds
+  // them). Not owned; it outlives the tier.
+  void stream_from(ExpertStore* store) { store_ = store; }
+  // Whether (layer, expert) has a VRAM slot (its copy may still be in flight).
+  bool resident(int layer, int expert) const;
 
   // Simulated: the CPU's share of a layer took `seconds` (host time moves on); the GPU share of
   // the layer is waited for before the next. On CUDA nothing (end_device_share waited).
@@ -172,6 +181,7 @@ class GpuTier {
   enum class Share { none, failed, issued } share_ = Share::none;  // the layer's device share
   int64_t share_rows_ = 0;                                         // its output: n_tok * n_embd
   std::vector<std::vector<uint8_t>> deinterleaved_;  // host_bytes's file-layout copies
+  ExpertStore* store_ = nullptr;                     // stream_from
   std::unique_ptr<gpu::VramExpertCache> cache_;
   int stream_ = -1;
   uint64_t fixed_ = 0, slot_bytes_ = 0;

@@ -2,19 +2,20 @@
 // the GPU tier (engine/gpu_tier.h) and the NVMe tier's RAM cache of experts streamed from the file
 // (storage/expert_store.h). Without either, every expert comes from the model's weights.
 //
-// Today one tier at a time: with the expert store, each layer's experts are acquired from it
-// (reads start for those not in RAM; the look-ahead's predictions go to it); with the GPU tier,
-// the experts its VRAM cache holds ready run from their slots (a real GPU computes its share while
-// the CPU computes the rest). The engine refuses both at once (engine.cpp).
+// Either or both (three tiers at once): the GPU tier places each active expert (its VRAM slot, or
+// the CPU); the CPU's experts come from the expert store when the experts are streamed (reads
+// start for those not in RAM; the look-ahead's predictions of experts without a VRAM slot go to
+// it), else from the model's weights. Promotions into VRAM copy from the store's RAM slots
+// (GpuTier::stream_from).
 #pragma once
 
 #include <span>
 
+#include "model/blocks.h"
 #include "model/experts.h"
 
 namespace strata {
 
-struct ExpertBatch;
 class ExpertStore;
 class GpuTier;
 
@@ -29,10 +30,20 @@ class TieredExperts final : public RoutedExperts {
            int64_t n_embd, const GluParams& glu, float* out) override;
 
  private:
-  void run_streamed(const cpu::Matmul& mm, int il, ExpertBatch& batch, const float* h, int64_t n_tok,
-                    const GluParams& glu, float* out);
-  void run_gpu(const cpu::Matmul& mm, const LayerWeights& l, int il, const Routing& r, ExpertBatch& batch,
-               const float* h, int64_t n_tok, int64_t n_embd, const GluParams& glu, float* out);
+  // The experts the host computes, in id order: streamed[i] when the expert store is to give
+  // work[i]'s weights (set when acquired), else they are set already.
+  struct HostShare {
+    std::vector<int32_t> ids;
+    std::vector<char> streamed;
+    std::vector<FfnWork> work;
+    void add(int32_t id, bool from_store, FfnWork&& f) {
+      ids.push_back(id);
+      streamed.push_back(from_store);
+      work.push_back(std::move(f));
+    }
+  };
+  void run_host(const cpu::Matmul& mm, int il, HostShare& host, const float* h, int64_t n_tok, const GluParams& glu,
+                float* out);
   ExpertStore* store_;
   GpuTier* gpu_;
 };

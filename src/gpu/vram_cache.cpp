@@ -132,15 +132,20 @@ int VramExpertCache::promote(int limit, const HostBytes& host) {
     if (where_[size_t(key)] >= 0 || heat_[size_t(key)] <= 0) continue;
     const int victim = coldest_slot();
     Slot& s = slots_[size_t(victim)];
+    if (s.key >= 0 && heat_[size_t(key)] <= (1.0 + p_.hysteresis) * heat_[size_t(s.key)])
+      break;  // no hotter candidates follow
+    // its bytes; none: not in host memory now (experts streamed from NVMe and not in a RAM slot),
+    // a candidate again at a later step
+    const std::vector<std::span<const uint8_t>> pieces = host(key / n_expert_, key % n_expert_);
+    if (pieces.empty()) continue;
     if (s.key >= 0) {
-      if (heat_[size_t(key)] <= (1.0 + p_.hysteresis) * heat_[size_t(s.key)]) break;  // no hotter candidates follow
       where_[size_t(s.key)] = -1;
       ++evictions_;
     }
     // the copy waits for every kernel that read the slot's previous expert
     dev_.wait_event(copy_stream_, s.last_read);
     uint64_t at = 0;
-    for (std::span<const uint8_t> piece : host(key / n_expert_, key % n_expert_)) {
+    for (std::span<const uint8_t> piece : pieces) {
       dev_.copy_h2d(copy_stream_, s.buf, at, piece.data(), piece.size());
       at += piece.size();
     }

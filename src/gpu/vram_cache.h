@@ -61,7 +61,8 @@ class VramExpertCache {
   void observe(int layer, std::span<const int32_t> ids);
   // Ends a step: counts decay, and promotions are issued (returns how many). host(layer, expert)
   // gives the expert's bytes in host memory, in pieces (its gate, up and down matrices) that are
-  // copied one after the other into the slot, slot_bytes in all.
+  // copied one after the other into the slot, slot_bytes in all; no pieces: the expert is not in
+  // host memory now (streamed from NVMe), it is skipped and stays a candidate.
   using HostBytes = std::function<std::vector<std::span<const uint8_t>>(int layer, int expert)>;
   int end_step(const HostBytes& host);
   // Warm start: the counts become `heat` ([layer][expert], from an earlier run's heat_table())

@@ -224,6 +224,18 @@ std::vector<ExpertView> ExpertStore::acquire(int layer, std::span<const int32_t>
   return views;
 }
 
+std::optional<ExpertView> ExpertStore::pin_if_in_ram(int layer, int expert) {
+  STRATA_CHECK(expert >= 0 && expert < shape_.n_expert && layer >= 0 && layer < shape_.n_layer);
+  std::lock_guard lock(mu_);
+  const int32_t s = slot_of_[size_t(shape_.key(layer, expert))];
+  if (s < 0) return std::nullopt;
+  Slot& sl = slots_[size_t(s)];
+  const int32_t state = sl.state.load(std::memory_order_acquire);
+  if (state != kRead && state != kRepacking && state != kReady) return std::nullopt;
+  ++sl.pins;
+  return ExpertView{view(s, 0), view(s, 1), view(s, 2), &sl.state, &wait_ns_, s};
+}
+
 void ExpertStore::promote(ExpertKey key, int32_t slot) {
   const ExpertKey victim = policy_->insert(key);
   if (victim == key) return;  // declined: freed after its use

@@ -25,6 +25,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -120,6 +121,10 @@ class ExpertStore {
   // when every slot is pinned or being read.
   std::vector<ExpertView> acquire(int layer, std::span<const int32_t> experts);
   void release(std::span<const ExpertView> views);
+  // The expert if its bytes are in RAM now (read, not in flight and not failed), pinned as
+  // acquire() pins (release() it); nothing otherwise, and nothing is read. Not a layer's use: the
+  // policy and the counters do not see it (the GPU tier copies hot experts from here).
+  std::optional<ExpertView> pin_if_in_ram(int layer, int expert);
 
   // Experts layer `layer` is predicted to choose, best first, `distance` layers ahead of the one
   // being computed: reads start for those not in RAM, if slots are free; predictions for a layer
@@ -132,6 +137,9 @@ class ExpertStore {
   Status take_error();
 
   int prefetch_depth() const { return options_.prefetch_depth; }
+  // Whether a layer's matrices of a role (0 gate, 1 up, 2 down) are row-interleaved in the slots
+  // (as the resident weights of a model read into RAM are), once ExpertView::wait() returned.
+  bool interleaved(int layer, int role) const { return interleave_[size_t(layer) * 3 + size_t(role)] != 0; }
   // Most experts one acquire() may ask for (a layer with more is computed in groups).
   int chunk_experts() const { return chunk_; }
   int64_t n_slots() const { return n_slots_; }
