@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The layering check (src/layers.txt): every `#include "DIR/..."` in src/FOLDER/ names FOLDER itself
-# or a folder that layers.txt lets FOLDER include. Prints each break as FILE:LINE and exits 1;
+# The layering check (src/layers.txt): every `#include "DIR/..."` or `<DIR/...>` in src/FOLDER/
+# names FOLDER itself or a folder that layers.txt lets FOLDER include (a folder of src/ reached
+# through '..' is refused; files directly in src/ would belong to no layer, and are refused too). Prints each break as FILE:LINE and exits 1;
 # exits 0 when every include holds. Usage: scripts/check-layers.sh [SRC_DIR] (default: src/ beside
 # this script).
 set -euo pipefail
@@ -21,8 +22,14 @@ while IFS= read -r line; do
   allowed[${BASH_REMATCH[1]}]=" $deps "
 done < "$rules"
 
+include_re='^[[:space:]]*#[[:space:]]*include[[:space:]]*["<]([^">]*)[">]'
 bad=0
 checked=0
+for file in "$src"/*.h "$src"/*.cpp; do
+  [ -e "$file" ] || continue
+  echo "${file#$root/}: a source file directly in src/ belongs to no folder of $rules"
+  bad=$((bad + 1))
+done
 for dir in "$src"/*/; do
   folder=$(basename "$dir")
   if [ -z "${allowed[$folder]+set}" ]; then
@@ -35,8 +42,15 @@ for dir in "$src"/*/; do
     n=0
     while IFS= read -r text; do
       n=$((n + 1))
-      [[ "$text" =~ ^[[:space:]]*#[[:space:]]*include[[:space:]]*\"([a-z_0-9]+)/ ]] || continue
-      to=${BASH_REMATCH[1]}
+      [[ "$text" =~ $include_re ]] || continue
+      path=${BASH_REMATCH[1]}
+      to=${path%%/*}
+      [ "$to" = "$path" ] && continue  # no folder: a system header, or one beside the file
+      if [[ "$path" == *..* ]]; then
+        echo "${file#$root/}:$n: an include through '..' ($path): name the folder of src/ itself"
+        bad=$((bad + 1))
+        continue
+      fi
       [ -d "$src/$to" ] || continue  # not a folder of src/ (a system or third-party header)
       [ "$to" = "$folder" ] && continue
       if [[ "${allowed[$folder]}" != *" $to "* ]]; then

@@ -22,7 +22,7 @@ struct SpeculativeBenchOptions {
 // its bytes and its bounds (the bytes over the measured DRAM rate, the multiply-adds over the
 // measured int8 peak, the experts read from disk over the disk's rate: the roofline is the largest); then, per acceptance rate, the best k and the
 // speed-up it gives; then generation end to end with the n-gram drafter against plain decoding,
-// greedy and at temperature 1. Routing is whatever the model's routing_override (--routing) makes it.
+// greedy and at temperature 1. Routing is whatever the engine's routing_override (--routing) makes it.
 int bench_speculative(const Engine& engine, const SpeculativeBenchOptions& o);
 
 }  // namespace strata::cli

@@ -68,7 +68,7 @@ class GpuTier {
     return fixed_bytes(m) + scratch_bytes(m) + uint64_t(slots) * slot_bytes(m);
   }
 
-  // moe_ffn: one layer's routing (the cache's heat).
+  // TieredExperts::run: one layer's routing (the cache's heat).
   void observe(int layer, std::span<const int32_t> ids);
   // Where each of a layer's active experts runs, with n_tok[i] tokens for experts[i]. Simulated,
   // the GPU's share (kernels from slots, copies and kernels of shipped experts) goes on the

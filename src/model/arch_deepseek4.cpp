@@ -358,7 +358,7 @@ void forward_deepseek4(const Model& m, const Exec& ex, std::span<const SeqSpan> 
       hc_pre(mix, X.data(), n_tok, S, E, x.data());
     }
     const GluParams glu{.kind = GluKind::silu_clamp, .limit = hp.clamp_exp[size_t(il)]};
-    moe_block(ex, m, l, il, x.data(), n_tok, tokens, glu, h.data(), y.data());
+    moe_block(ex, m, l, il, x.data(), n_tok, tokens, glu, h.data(), y.data(), /*host_norm=*/true);
     {
       prof::Span span(prof::Part::shared_ffn, il);
       SwigluOptions opt;

@@ -7,7 +7,7 @@
 // PCIe per op, not once per layer; device-resident activations are the next step of #7,
 // docs/gpu.md), and may keep a copy of the cache's rows (release_cache). What a backend has no op for (deepseek4's compressors and indexer, hash-routed
 // layers' routing, embedding rows) runs on the host in the forward pass itself, on the same rows.
-// The routed experts are the MoE executor's (moe_ffn), which computes the CPU's share with host().
+// The routed experts are RoutedExperts' (model/experts.h), which compute the CPU's share with host().
 #pragma once
 
 #include <cstdint>

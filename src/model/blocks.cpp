@@ -498,7 +498,7 @@ void look_ahead_hashed(const Exec& ex, const Model& m, const int32_t* tokens, in
 }
 
 void moe_block(const Exec& ex, const Model& m, const LayerWeights& l, int il, const float* x, int64_t n_tok,
-               const int32_t* tokens, const GluParams& glu, float* h, float* y) {
+               const int32_t* tokens, const GluParams& glu, float* h, float* y, bool host_norm) {
   const HParams& hp = m.hparams();
   const int64_t E = hp.n_embd;
   const bool main_layer = il < hp.n_layer;  // not the nextn layer
@@ -506,7 +506,8 @@ void moe_block(const Exec& ex, const Model& m, const LayerWeights& l, int il, co
   {
     prof::Span span(prof::Part::router, il);
     if (main_layer) look_ahead(ex, m, il, x, n_tok);
-    ex.be.rms_norm_rows(x, l.ffn_norm, n_tok, E, hp.eps, h);
+    if (host_norm) rms_norm_rows(x, l.ffn_norm, n_tok, E, hp.eps, h);
+    else ex.be.rms_norm_rows(x, l.ffn_norm, n_tok, E, hp.eps, h);
     routing = route(ex.be, hp, l, h, n_tok, tokens);
     if (ex.routing != nullptr && main_layer) ex.routing->choose(il, n_tok, routing);
   }

@@ -21,8 +21,9 @@ struct Routing {
 };
 
 // Replaces the routers' choices (`strata bench --routing`): random-weight models route
-// unrealistically, so the tiers are also measured on recorded or synthetic routing. The model's
-// `routing_override`, when set, is asked after each router.
+// unrealistically, so the tiers are also measured on recorded or synthetic routing. The forward
+// pass's override (Exec::routing, the engine's routing_override), when set, is asked after each
+// router of a main layer.
 class RoutingOverride {
  public:
   virtual ~RoutingOverride() = default;
@@ -113,9 +114,10 @@ void look_ahead_hashed(const Exec& ex, const Model& m, const int32_t* tokens, in
 // are the model's own and never overridden): the look-ahead from x [n_tok][E] (the FFN input
 // before its norm), h = ffn_norm(x), the router (tokens: the ids, for hash-routed layers), a
 // routing override, and the experts through ex.experts into y [n_tok][E] (overwritten). The
-// shared experts and the residual are the caller's (they read h).
+// shared experts and the residual are the caller's (they read h). host_norm: the norm on the
+// host, not the backend (deepseek4 keeps its norms on the host).
 void moe_block(const Exec& ex, const Model& m, const LayerWeights& l, int il, const float* x, int64_t n_tok,
-               const int32_t* tokens, const GluParams& glu, float* h, float* y);
+               const int32_t* tokens, const GluParams& glu, float* h, float* y, bool host_norm = false);
 
 // out[t] (+)= (down(act(gate h[t]) * up h[t]) + down_b) * (scale ? scale[t] : 1); accumulate adds
 // to out.

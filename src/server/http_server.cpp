@@ -337,7 +337,7 @@ void HttpServer::routes() {
     metric("strata_queue_length", "gauge", "requests waiting for a sequence slot", double(m.queued));
     metric("strata_sequence_slots", "gauge", "sequences decoded together at most", double(scheduler_.options().max_sequences));
     // the tiers: routed-expert uses served from each (no tier: every one from RAM) and bytes per link
-    const Engine::TierStats ts = scheduler_.engine().tier_stats();
+    const Engine::TierStats& ts = m.tiers;
     auto share = [&](uint64_t n, double none) { return ts.uses ? double(n) / double(ts.uses) : none; };
     t += "# HELP strata_expert_cache_hit_ratio share of routed-expert uses served by each tier (since start)\n"
          "# TYPE strata_expert_cache_hit_ratio gauge\n";

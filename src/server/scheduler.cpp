@@ -309,7 +309,9 @@ void Scheduler::loop() {
         job->finish({int(job->request.prompt.size()), s.generated, finish, error});
       }
     }
+    const Engine::TierStats tiers = engine_.tier_stats();  // on this thread: the tiers are not thread-safe
     std::lock_guard<std::mutex> lock(mu_);
+    m_.tiers = tiers;
     ++m_.steps_total;
     m_.busy_seconds += t1 - t0;
     recent_.emplace_back(t1, m_.completion_tokens_total);

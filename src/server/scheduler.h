@@ -88,6 +88,7 @@ struct SchedulerMetrics {
   int active = 0, queued = 0;
   double tokens_per_second = 0;  // completion tokens over the last few seconds
   double busy_seconds = 0;        // time spent in forward passes
+  Engine::TierStats tiers;        // the engine's tiers after the last step (read on the scheduler's thread)
 };
 
 class Scheduler {
