@@ -8,6 +8,9 @@
 #  - the real device at VRAM budgets of 8 and 24 GiB (an RTX 5060 and an RTX 3090): the dense
 #    part on the CUDA backend, the hottest routed experts in the VRAM cache on the GPU, the rest on
 #    this host's CPUs; against CPU only (budget 0);
+#  - three tiers at once: 8 GiB of VRAM with budgets.ram = 8 GiB (the experts that fit in
+#    neither read from the file), bench and `strata profile` (the per-link split beside the
+#    planner's prediction);
 #  - the same budgets on the simulated device, whose modelled times (from this host's limits
 #    where `strata calibrate` finds them) are the cost model's view of the same split.
 # results.md says which figure is which. Everything goes under OUT_DIR; results.md there is the
@@ -91,6 +94,33 @@ for vram in 0 8GiB 24GiB; do
     echo "(no output: bench-cuda-$vram.log)" >> "$summary"
   echo >> "$summary"
 done
+{
+  echo
+  echo "## Three tiers on the device: 8 GiB of VRAM, 8 GiB of RAM, the rest of the experts read from the file"
+  echo
+  echo "budgets.vram = 8GiB with budgets.ram = 8GiB (below the model): hot experts in VRAM slots promoted from the"
+  echo "NVMe tier's RAM slots, warm ones computed by the CPU from RAM, the rest read on demand and ahead of need;"
+  echo "then strata profile of the same config (the per-link split, and the planner's prediction beside it)."
+  echo
+} >> "$summary"
+step "bench, three tiers"
+sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
+timeout 100 "$build/src/strata" bench -m "$model" --set budgets.vram=8GiB --set budgets.ram=8GiB \
+  --set gpu.max_promotions=64 -p 0 -n 32 -r 1 --routing synthetic > "$out/bench-three-tiers.log" 2>&1
+rc_bench=$?
+echo "### three tiers (bench exit status $rc_bench)" >> "$summary"
+[ $rc_bench -ne 0 ] && rc_tests=1
+grep -E "^\||CUDA|GPU tier|NVMe|budgets" "$out/bench-three-tiers.log" >> "$summary" ||
+  echo "(no output: bench-three-tiers.log)" >> "$summary"
+step "profile, three tiers"
+timeout 100 "$build/src/strata" profile -m "$model" --set budgets.vram=8GiB --set budgets.ram=8GiB \
+  --set gpu.max_promotions=64 -p 64 -n 16 --trace "$out/three-tiers.trace.json" --svg "$out/three-tiers.svg" \
+  > "$out/profile-three-tiers.log" 2>&1
+rc_bench=$?
+echo "### strata profile, three tiers (exit status $rc_bench)" >> "$summary"
+[ $rc_bench -ne 0 ] && rc_tests=1
+sed -n '/^split of decode time/,/^per token, by part/p' "$out/profile-three-tiers.log" >> "$summary"
+echo >> "$summary"
 {
   echo
   echo "## GPU tier, Qwen3-30B-A3B Q4_K_M (synthetic), synthetic routing, simulated device"

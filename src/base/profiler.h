@@ -5,8 +5,10 @@
 // kept as an event for a Chrome / Perfetto trace. `strata profile` and `strata bench --profile`
 // print them.
 //
-// Today every span is CPU compute: the GPU and NVMe tiers (#6, #7) report into the same recorder
-// with their own links when they land.
+// The host's spans (Span, below) are CPU compute on the thread that runs the forward pass. The
+// tiers record their own links with record(): the NVMe tier each interval with a read in flight
+// (nvme_read) and each wait of a compute thread on a read (nvme_wait, summed over the threads),
+// the GPU tier the device's work (gpu) and copies (pcie_h2d) as its timeline models them.
 #pragma once
 
 #include <array>
@@ -98,6 +100,18 @@ inline std::vector<Event> take_events() {
   out.swap(g_events);
   return out;
 }
+
+// A span timed elsewhere, on `link` (not CPU compute): into the link's total and, with tracing, the
+// trace; the parts' totals are the host's spans alone. Any thread.
+inline void record(Part part, int layer, Link link, int64_t t0_ns, int64_t dur_ns) {
+  if (!g_enabled.load(std::memory_order_relaxed) || dur_ns <= 0) return;
+  g_totals.link_ns[size_t(link)].fetch_add(dur_ns, std::memory_order_relaxed);
+  if (g_tracing.load(std::memory_order_relaxed)) {
+    std::lock_guard<std::mutex> lock(g_events_mutex);
+    if (g_events.size() < kMaxEvents) g_events.push_back({t0_ns, dur_ns, part, link, int16_t(layer)});
+  }
+}
+inline bool enabled() { return g_enabled.load(std::memory_order_relaxed); }
 
 // Times its scope into `part` (of `layer`, on `link`) when profiling is on.
 class Span {

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cinttypes>
+#include <optional>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -16,10 +18,13 @@
 #include "cpu/calibrate.h"
 #include "cpu/kernels.h"
 #include "cpu/thread_pool.h"
+#include "engine/gpu_tier.h"
+#include "engine/planner.h"
 #include "engine/profile_report.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
 #include "model/tokenizer.h"
+#include "storage/disk_probe.h"
 
 namespace strata::cli {
 namespace {
@@ -101,6 +106,7 @@ int run_profile(const ProfileOptions& o) {
   prof::reset();
   prof::take_events();
   prof::enable_tracing(!o.trace_path.empty());
+  const Engine::TierStats tiers0 = engine.tier_stats();
   std::vector<TokenMark> marks;
   int64_t wall_ns = 0;
   for (int i = 0; i < o.n_gen; ++i) {
@@ -115,20 +121,82 @@ int run_profile(const ProfileOptions& o) {
   }
   prof::enable_tracing(false);
   prof::enable(false);
+  const Engine::TierStats tiers1 = engine.tier_stats();
   const ProfileSnapshot snap = take_snapshot(m.hparams().n_layer);
   const std::vector<prof::Event> events = prof::take_events();
 
   const int n = std::max(o.n_gen, 1);
   const double wall_s = double(wall_ns) / 1e9;
   const double ms_per_token = double(wall_ns) / 1e6 / n;
-  const double spans_share = wall_ns > 0 ? double(snap.spans_ns()) / double(wall_ns) : 0.0;
-  // bytes the CPU reads per decoded token: the active weights, and the KV cache of the positions
-  // attended to (on average the middle of the decode)
+  // the links, ms per token. CPU: the host's spans less the time its threads waited on NVMe reads
+  // (summed over the threads, so divided by them); GPU and PCIe: the tier's modelled timeline;
+  // NVMe: time with a read in flight
+  auto link_ms = [&](prof::Link k) { return double(snap.link_ns[size_t(k)]) / 1e6 / n; };
+  const double spans_ms = double(snap.spans_ns()) / 1e6 / n;
+  const double wait_ms = link_ms(prof::Link::nvme_wait) / std::max(pool.size(), 1);
+  const double cpu_ms = std::max(0.0, link_ms(prof::Link::cpu) - wait_ms);
+  const double gpu_ms = link_ms(prof::Link::gpu);
+  const double pcie_ms = link_ms(prof::Link::pcie_h2d) + link_ms(prof::Link::pcie_d2h);
+  const double nvme_ms = link_ms(prof::Link::nvme_read);
+  const double idle_ms = std::max(0.0, ms_per_token - spans_ms);
+  auto share = [&](double ms) { return ms_per_token > 0 ? ms / ms_per_token : 0.0; };
+  const double spans_share = share(spans_ms);
+
+  // the tiers over the decode: uses served by each, bytes per link
+  const double uses = double(tiers1.uses - tiers0.uses);
+  const bool tiered = engine.expert_store() != nullptr || engine.gpu_tier() != nullptr;
+  const double hit_vram = uses > 0 ? double(tiers1.vram - tiers0.vram) / uses : 0.0;
+  const double hit_nvme = uses > 0 ? double(tiers1.nvme - tiers0.nvme) / uses : 0.0;
+  const double hit_ram = tiered && uses > 0 ? double(tiers1.ram - tiers0.ram) / uses : 1.0;
+  const double pcie_bytes = double(tiers1.pcie_bytes - tiers0.pcie_bytes) / n;
+  const double nvme_bytes = double(tiers1.nvme_bytes - tiers0.nvme_bytes) / n;
+  // bytes the CPU reads per decoded token: the active weights less the VRAM's share of the routed
+  // experts', and the KV cache of the positions attended to (on average the middle of the decode)
   const double kv_bytes = double(kv_bytes_per_token(m.hparams(), session.kv_type())) * (o.n_prompt + o.n_gen / 2.0);
-  const double weight_bytes = double(sm.active_bytes_per_token);
-  const double cpu_s = double(snap.link_ns[size_t(prof::Link::cpu)]) / 1e9 / n;
-  const double cpu_gbps = cpu_s > 0 ? (weight_bytes + kv_bytes) / cpu_s / 1e9 : 0.0;
+  const double routed = sm.n_expert > 0 ? double(sm.expert_bytes_total) * double(sm.n_expert_used) / double(sm.n_expert) : 0.0;
+  const double weight_bytes = double(sm.active_bytes_per_token) - routed * hit_vram;
+  const double cpu_gbps = cpu_ms > 0 ? (weight_bytes + kv_bytes) / (cpu_ms / 1e3) / 1e9 : 0.0;
+  const double pcie_gbps = pcie_ms > 0 ? pcie_bytes / (pcie_ms / 1e3) / 1e9 : 0.0;
+  const double nvme_gbps = nvme_ms > 0 ? nvme_bytes / (nvme_ms / 1e3) / 1e9 : 0.0;
   const bool in_ram = m.file().load_mode() == MappedFile::Mode::ram;
+
+  // the planner's prediction for the same config, with the hit rates just measured (the cost
+  // model is checked, not the cache policy); its limits: the config's or the calibration's, the
+  // GPU tier's rates, and what is unknown measured now
+  HardwareLimits plan_limits = limits;
+  if (const GpuTier* g = engine.gpu_tier()) {
+    if (plan_limits.gpu_gbps <= 0) plan_limits.gpu_gbps = g->costs().vram_gbps;
+    if (plan_limits.gpu_tflops <= 0) plan_limits.gpu_tflops = g->costs().gpu_ops / 1e12;
+    if (plan_limits.pcie_h2d_gbps <= 0) plan_limits.pcie_h2d_gbps = g->costs().pcie_gbps;
+  }
+  if (plan_limits.cpu_int8_gops <= 0) plan_limits.cpu_int8_gops = cpu::measure_int8_peak_gops(pool);
+  if (plan_limits.ram_bytes == 0) plan_limits.ram_bytes = system_memory().total;
+  if (plan_limits.nvme_gbps <= 0 && engine.expert_store() != nullptr) {
+    storage::DiskProbeOptions po;
+    po.path = config.model_path;
+    po.queue_depth = config.queue_depth;
+    po.access = storage::DiskAccess::random;
+    po.seconds = 2;
+    if (auto probe = storage::measure_disk_read(po)) plan_limits.nvme_gbps = probe->gbps;
+  }
+  std::optional<Plan> plan;
+  std::string plan_error;
+  {
+    auto pm = plan_model_from_gguf(m.file(), session.kv_type());
+    PlanOptions po;
+    po.ctx = need;
+    po.prompt_tokens = o.n_prompt + o.n_gen / 2;
+    if (tiered) {
+      po.hit_vram = hit_vram;
+      po.hit_ram = hit_ram;
+    }
+    auto p = pm ? make_plan(*pm, config, plan_limits, po) : Result<Plan>(pm.error());
+    if (p) plan = std::move(*p);
+    else plan_error = p.error().message;
+  }
+  const double p_cpu = plan ? plan->decode.cpu_s * 1e3 : 0, p_gpu = plan ? plan->decode.gpu_s * 1e3 : 0,
+               p_pcie = plan ? plan->decode.pcie_s * 1e3 : 0, p_nvme = plan ? plan->decode.nvme_s * 1e3 : 0,
+               p_total = plan ? plan->decode.total_s * 1e3 : 0;
 
   std::string trace_note, svg_note;
   if (!o.trace_path.empty()) {
@@ -137,16 +205,11 @@ int run_profile(const ProfileOptions& o) {
   const std::string title = strfmt("%s (%s), %d threads, %s: decode after %d prompt tokens", sm.name.empty() ? sm.arch.c_str() : sm.name.c_str(),
                                    format_bytes(double(sm.n_bytes)).c_str(), pool.size(),
                                    std::string(cpu::isa_name()).c_str(), o.n_prompt);
+  const LinkShares shares{.cpu = share(cpu_ms), .nvme_wait = share(wait_ms), .idle = share(idle_ms),
+                          .gpu = share(gpu_ms), .pcie = share(pcie_ms), .nvme_read = share(nvme_ms)};
   if (!o.svg_path.empty()) {
-    if (Status s = write_text(o.svg_path, layer_chart_svg(snap, n, title)); !s) return fail(s.error().message);
+    if (Status s = write_text(o.svg_path, layer_chart_svg(snap, n, title, &shares)); !s) return fail(s.error().message);
   }
-
-  auto link_share = [&](prof::Link k) {
-    return wall_ns > 0 ? double(snap.link_ns[size_t(k)]) / double(wall_ns) : 0.0;
-  };
-  const double pcie = link_share(prof::Link::pcie_h2d) + link_share(prof::Link::pcie_d2h);
-  const double nvme = link_share(prof::Link::nvme_read) + link_share(prof::Link::nvme_wait);
-  const double idle = std::max(0.0, 1.0 - spans_share);
 
   if (o.json) {
     nlohmann::json j;
@@ -157,16 +220,24 @@ int run_profile(const ProfileOptions& o) {
     j["prefill"] = {{"tokens", o.n_prompt}, {"seconds", prefill_s}, {"tok_per_s", o.n_prompt / prefill_s}};
     j["decode"] = {{"tokens", o.n_gen}, {"seconds", wall_s}, {"ms_per_token", ms_per_token},
                    {"tok_per_s", wall_s > 0 ? o.n_gen / wall_s : 0.0}, {"spans_cover", spans_share}};
-    j["split"] = {{"cpu", link_share(prof::Link::cpu)}, {"gpu", link_share(prof::Link::gpu)}, {"pcie", pcie},
-                  {"nvme", nvme}, {"idle", idle}};
+    j["split"] = {{"cpu", share(cpu_ms)}, {"gpu", share(gpu_ms)}, {"pcie", share(pcie_ms)}, {"nvme", share(nvme_ms)},
+                  {"nvme_wait", share(wait_ms)}, {"idle", share(idle_ms)}};
+    j["ms_per_token_by_link"] = {{"cpu", cpu_ms}, {"gpu", gpu_ms}, {"pcie", pcie_ms}, {"nvme", nvme_ms},
+                                 {"nvme_wait", wait_ms}, {"idle", idle_ms}};
+    if (plan)
+      j["predicted_ms_per_token_by_link"] = {{"cpu", p_cpu}, {"gpu", p_gpu}, {"pcie", p_pcie}, {"nvme", p_nvme},
+                                             {"total", p_total}};
+    else
+      j["predicted_ms_per_token_by_link"] = {{"error", plan_error}};
     nlohmann::json parts = nlohmann::json::object();
     for (size_t p = 0; p < size_t(prof::Part::count); ++p)
       parts[std::string(prof::kPartNames[p])] = double(snap.part_ns[p]) / 1e6 / n;
     j["ms_per_token_by_part"] = parts;
-    j["hits"] = {{"vram", nullptr}, {"ram", 1.0}, {"nvme", nullptr}};
+    j["hits"] = {{"vram", hit_vram}, {"ram", hit_ram}, {"nvme", hit_nvme}, {"promotions", tiers1.promotions - tiers0.promotions}};
     j["bytes_per_token"] = {{"ram_to_cpu", weight_bytes + kv_bytes}, {"weights", weight_bytes}, {"kv_cache", kv_bytes},
-                            {"pcie", 0}, {"nvme", 0}, {"ram_gbps_achieved", cpu_gbps},
-                            {"ram_fraction_of_limit", limits.dram_gbps > 0 ? cpu_gbps / limits.dram_gbps : 0.0}};
+                            {"pcie", pcie_bytes}, {"nvme", nvme_bytes}, {"ram_gbps_achieved", cpu_gbps},
+                            {"ram_fraction_of_limit", limits.dram_gbps > 0 ? cpu_gbps / limits.dram_gbps : 0.0},
+                            {"pcie_gbps_achieved", pcie_gbps}, {"nvme_gbps_achieved", nvme_gbps}};
     nlohmann::json layers = nlohmann::json::array();
     for (size_t li = 0; li < snap.layer_ns.size(); ++li) {
       nlohmann::json row = nlohmann::json::object();
@@ -185,24 +256,49 @@ int run_profile(const ProfileOptions& o) {
   std::printf("decode   %d tokens in %.3f s = %.2f tok/s, %.3f ms per token\n", o.n_gen, wall_s,
               wall_s > 0 ? o.n_gen / wall_s : 0.0, ms_per_token);
   std::printf("\nsplit of decode time: CPU %.1f%% | GPU %.1f%% | PCIe %.1f%% | NVMe %.1f%% | idle %.1f%%\n",
-              100 * link_share(prof::Link::cpu), 100 * link_share(prof::Link::gpu), 100 * pcie, 100 * nvme,
-              100 * idle);
-  std::printf("  (this build has no GPU tier (#7) nor NVMe tier (#6): every span is CPU compute; idle is time "
-              "outside any span)\n");
+              100 * share(cpu_ms), 100 * share(gpu_ms), 100 * share(pcie_ms), 100 * share(nvme_ms), 100 * share(idle_ms));
+  std::printf("  the host: CPU compute %.1f%% + waiting on NVMe reads %.1f%% + idle (outside any span) %.1f%% = 100%%;\n"
+              "  beside it, each link's busy share: GPU (the tier's device work), PCIe (its copies)%s, NVMe (a read in flight)\n",
+              100 * share(cpu_ms), 100 * share(wait_ms), 100 * share(idle_ms),
+              engine.gpu_tier() == nullptr ? "" : engine.gpu_tier()->on_cuda() ? ": modelled at the tier's rates, CUDA events are not read yet" : ": the simulated device's timeline");
+  std::printf("\nper token, by link: measured | predicted (strata plan, this config, the hit rates measured here)\n");
+  auto row = [&](const char* name, double got, double want) {
+    if (plan) std::printf("  %-10s %9.3f ms | %9.3f ms  %s\n", name, got, want, got > 0 ? strfmt("(%.2fx)", want / got).c_str() : "");
+    else std::printf("  %-10s %9.3f ms\n", name, got);
+  };
+  row("CPU", cpu_ms, p_cpu);
+  row("GPU", gpu_ms, p_gpu);
+  row("PCIe", pcie_ms, p_pcie);
+  row("NVMe", nvme_ms, p_nvme);
+  if (plan) std::printf("  %-10s %9.3f ms | %9.3f ms\n", "token", ms_per_token, p_total);
+  else std::printf("  predicted: %s\n", plan_error.c_str());
   std::printf("\nper token, by part:\n");
   for (size_t p = 0; p < size_t(prof::Part::count); ++p) {
     if (snap.part_calls[p] == 0) continue;
     std::printf("  %-18s %9.3f ms %s\n", std::string(prof::kPartNames[p]).c_str(), double(snap.part_ns[p]) / 1e6 / n,
                 prof::nested(prof::Part(p)) ? "(inside attention)" : "");
   }
-  std::printf("\nexpert hits per tier: VRAM - | RAM 100%% | NVMe - (%s)\n",
-              in_ram ? "all weights read into RAM" : "weights mapped: pages the kernel evicted come back from disk unseen");
+  if (tiered)
+    std::printf("\nexpert uses per tier: VRAM %.1f%% | RAM %.1f%% | NVMe %.1f%% (%.0f uses, %" PRIu64 " promotions into VRAM)\n",
+                100 * hit_vram, 100 * hit_ram, 100 * hit_nvme, uses, tiers1.promotions - tiers0.promotions);
+  else
+    std::printf("\nexpert uses per tier: VRAM - | RAM 100%% | NVMe - (%s)\n",
+                in_ram ? "all weights read into RAM" : "weights mapped: pages the kernel evicted come back from disk unseen");
   std::printf("\nbytes per token, by link:\n");
   std::printf("  RAM -> CPU  %s (weights %s + KV cache %s) at %.1f GB/s over CPU time = %.2f of DRAM %.1f GB/s (%s)\n",
               format_bytes(weight_bytes + kv_bytes).c_str(), format_bytes(weight_bytes).c_str(),
               format_bytes(kv_bytes).c_str(), cpu_gbps, limits.dram_gbps > 0 ? cpu_gbps / limits.dram_gbps : 0.0,
               limits.dram_gbps, limits_source.c_str());
-  std::printf("  PCIe        0 B (no GPU tier)\n  NVMe        0 B (no NVMe tier)\n");
+  if (engine.gpu_tier() != nullptr)
+    std::printf("  PCIe        %s at %.1f GB/s while copying (the tier's rate: %.1f GB/s)\n", format_bytes(pcie_bytes).c_str(),
+                pcie_gbps, engine.gpu_tier()->costs().pcie_gbps);
+  else
+    std::printf("  PCIe        0 B (no GPU tier: budgets.vram = 0)\n");
+  if (engine.expert_store() != nullptr)
+    std::printf("  NVMe        %s at %.2f GB/s while reading = %.2f of the disk's %.2f GB/s\n", format_bytes(nvme_bytes).c_str(),
+                nvme_gbps, plan_limits.nvme_gbps > 0 ? nvme_gbps / plan_limits.nvme_gbps : 0.0, plan_limits.nvme_gbps);
+  else
+    std::printf("  NVMe        0 B (the routed experts are in RAM: budgets.ram holds the model)\n");
 
   std::printf("\nper layer, ms per token (A attention, R router, E experts, S shared/dense ffn):\n");
   double max_ms = 0;
@@ -221,7 +317,8 @@ int run_profile(const ProfileOptions& o) {
     std::printf("  %3zu %8.3f %s\n", li, total, bar.c_str());
   }
   if (!o.trace_path.empty())
-    std::printf("\ntrace: %s (%zu spans; open in https://ui.perfetto.dev or chrome://tracing)\n", o.trace_path.c_str(), events.size());
+    std::printf("\ntrace: %s (%zu spans, a track per link; open in https://ui.perfetto.dev or chrome://tracing)\n",
+                o.trace_path.c_str(), events.size());
   if (!o.svg_path.empty()) std::printf("chart: %s\n", o.svg_path.c_str());
   return 0;
 }

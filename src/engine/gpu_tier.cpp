@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include "base/profiler.h"
 #include "cpu/repack.h"
 #include "storage/expert_store.h"
 #include "gpu/cuda_device.h"
@@ -202,6 +203,17 @@ std::vector<GpuTier::Assignment> GpuTier::place(const LayerWeights& l, int layer
     sim_->wait(stream_, sim_->transfer_h2d(cache_->copy_stream(), bytes));  // the one PCIe link, shared with promotions
     sim_->launch(stream_, {}, seconds, nullptr);
   }
+  if (prof::enabled()) {  // the layer's GPU share on the profiler's links, as the placement models it
+    double gpu_s = 0, copy_s = 0;
+    for (size_t i = 0; i < experts.size(); ++i) {
+      if (p.site[i] == ExpertSite::cpu) continue;
+      gpu_s += o_.costs.gpu_seconds(bytes, params, n_tok[i]);
+      if (p.site[i] == ExpertSite::ship) copy_s += double(bytes) / (o_.costs.pcie_gbps * 1e9);
+    }
+    const int64_t now = prof::now_ns();
+    prof::record(prof::Part::experts, layer, prof::Link::pcie_h2d, now, int64_t(copy_s * 1e9));
+    prof::record(prof::Part::experts, layer, prof::Link::gpu, now + int64_t(copy_s * 1e9), int64_t(gpu_s * 1e9));
+  }
   return out;
 }
 
@@ -309,7 +321,14 @@ gpu::VramExpertCache::HostBytes GpuTier::host_bytes() {
 
 bool GpuTier::resident(int layer, int expert) const { return cache_->resident(layer, expert); }
 
-void GpuTier::end_step() { cache_->end_step(host_bytes()); }
+void GpuTier::end_step() {
+  const uint64_t before = sim_ != nullptr ? sim_->bytes_copied() : cuda_->bytes_copied();
+  cache_->end_step(host_bytes());
+  const uint64_t copied = (sim_ != nullptr ? sim_->bytes_copied() : cuda_->bytes_copied()) - before;
+  // the step's promotions on the PCIe link, at the tier's rate
+  prof::record(prof::Part::experts, -1, prof::Link::pcie_h2d, prof::now_ns(),
+               int64_t(double(copied) / (o_.costs.pcie_gbps * 1e9) * 1e9));
+}
 
 void GpuTier::set_kv(const void* session, uint64_t bytes) {
   if (bytes == 0)

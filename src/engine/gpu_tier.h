@@ -150,6 +150,8 @@ class GpuTier {
   std::string summary() const;
   // The simulated device (the tier must be simulated).
   gpu::SimDevice& device();
+  // The rates its placement compares (the simulated device's, or assumed for a real GPU).
+  const ExpertCosts& costs() const { return o_.costs; }
 
  private:
   GpuTier(const Model& m, const Options& o, std::unique_ptr<gpu::Device> dev);

@@ -95,6 +95,9 @@ Result<Plan> make_plan(const PlanModel& m, const Config& c, const HardwareLimits
   Plan plan;
   Placement& p = plan.placement;
   const bool has_gpu = c.vram_budget > 0;
+  // gpu.simulate: the simulated device holds routed experts only; the dense part stays on the CPU
+  // (its bytes are booked in the arena, as GpuTier books them), no hidden state crosses PCIe
+  const bool simulated = has_gpu && c.gpu_simulate;
   const int L = int(m.layers.size());
   const int64_t ctx = std::max<int64_t>(o.ctx, 1);
 
@@ -136,20 +139,26 @@ Result<Plan> make_plan(const PlanModel& m, const Config& c, const HardwareLimits
     }
     p.vram_scratch = o.vram_scratch;
     vram_left = c.vram_budget - o.vram_scratch;
-    if (m.output_bytes <= vram_left) {
+    if (simulated) {
+      uint64_t booked = m.embd_bytes + m.output_bytes;
+      for (const PlanModel::Layer& l : m.layers) booked += l.fixed_bytes + l.kv_bytes_per_token * uint64_t(ctx);
+      vram_left -= std::min(vram_left, booked);
+      plan.notes.push_back("gpu.simulate: the simulated device holds routed experts only (the dense part runs on the CPU)");
+    }
+    if (!simulated && m.output_bytes <= vram_left) {
       p.output_on_gpu = true;
       p.vram_fixed += m.output_bytes;
       vram_left -= m.output_bytes;
     }
     for (const PlanModel::Layer& l : m.layers) {
       const uint64_t need = l.fixed_bytes + l.kv_bytes_per_token * uint64_t(ctx);
-      if (need > vram_left) break;
+      if (simulated || need > vram_left) break;
       vram_left -= need;
       p.vram_fixed += l.fixed_bytes;
       p.vram_kv += l.kv_bytes_per_token * uint64_t(ctx);
       ++p.gpu_layers;
     }
-    if (p.gpu_layers < L) {
+    if (p.gpu_layers < L && !simulated) {
       plan.notes.push_back(strfmt("budgets.vram holds the attention and dense weights of %d of %d layers; the rest run on the CPU",
                                   p.gpu_layers, L));
     }
@@ -232,7 +241,7 @@ Result<Plan> make_plan(const PlanModel& m, const Config& c, const HardwareLimits
   // hand-overs of the hidden state: around every MoE layer whose experts are split between GPU and
   // CPU, and at the boundary between GPU and CPU layers
   int handovers = 0;
-  if (has_gpu) {
+  if (has_gpu && !simulated) {
     if (hv < 1.0 && p.gpu_layers > 0) handovers += 2 * std::min(moe_layers, p.gpu_layers);
     if (p.gpu_layers < L && p.gpu_layers > 0) handovers += 2;
     if (!p.output_on_gpu && p.gpu_layers == L) handovers += 1;

@@ -1,6 +1,9 @@
 #include "engine/profile_report.h"
 
 #include <algorithm>
+#include <span>
+
+#include <algorithm>
 #include <cstdio>
 
 namespace strata {
@@ -40,7 +43,8 @@ std::string escape_xml(const std::string& s) {
 
 int64_t ProfileSnapshot::spans_ns() const {
   int64_t t = 0;
-  for (int64_t v : link_ns) t += v;
+  for (size_t p = 0; p < size_t(prof::Part::count); ++p)
+    if (!prof::nested(prof::Part(p))) t += part_ns[p];
   return t;
 }
 
@@ -89,20 +93,48 @@ std::string chrome_trace_json(const std::vector<prof::Event>& events, const std:
   return out;
 }
 
-std::string layer_chart_svg(const ProfileSnapshot& s, int n_tokens, const std::string& title) {
+std::string layer_chart_svg(const ProfileSnapshot& s, int n_tokens, const std::string& title, const LinkShares* links) {
   const size_t n_layers = s.layer_ns.size();
   const double per_token = 1e6 * double(std::max(n_tokens, 1));  // ns -> ms per token
   double max_ms = 0;
   for (size_t l = 0; l < n_layers; ++l) max_ms = std::max(max_ms, double(s.layer_total_ns(l)) / per_token);
   if (max_ms <= 0) max_ms = 1;
-  const int left = 60, right = 30, top = 50, row = 14, bar = 10, width = 800;
+  const int left = 60, right = 30, row = 14, bar = 10, width = 800;
+  const int link_rows = links != nullptr ? 4 : 0;  // a title, the host's bar, the links' bars
+  const int top = 50 + (link_rows > 0 ? link_rows * 18 + 16 : 0);
   const int plot_w = width - left - right;
   const int height = top + int(n_layers) * row + 60;
   std::string svg = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + std::to_string(width) + "\" height=\"" +
                     std::to_string(height) + "\" font-family=\"sans-serif\" font-size=\"11\">\n";
   svg += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   svg += "<text x=\"" + std::to_string(left) + "\" y=\"20\" font-size=\"14\">" + escape_xml(title) + "</text>\n";
-  svg += "<text x=\"" + std::to_string(left) + "\" y=\"36\">time per decoded token by layer and part (ms)</text>\n";
+  if (links != nullptr) {
+    // the host's bar (CPU, NVMe wait, idle: 100% of the wall) and, under it, each link's busy share
+    svg += "<text x=\"" + std::to_string(left) + "\" y=\"40\">split of decode time by link (share of wall time)</text>\n";
+    struct Seg {
+      const char* name;
+      double share;
+      const char* colour;
+    };
+    const Seg host[] = {{"CPU", links->cpu, "#4e79a7"}, {"NVMe wait", links->nvme_wait, "#e15759"}, {"idle", links->idle, "#bab0ac"}};
+    const Seg beside[] = {{"GPU", links->gpu, "#59a14f"}, {"PCIe", links->pcie, "#f28e2b"}, {"NVMe read", links->nvme_read, "#b07aa1"}};
+    auto bar_row = [&](int y, std::span<const Seg> segs) {
+      double x = left;
+      for (const Seg& sg : segs) {
+        const double w = std::clamp(sg.share, 0.0, 1.0) * plot_w;
+        svg += "<rect x=\"" + fmt("%.2f", x) + "\" y=\"" + std::to_string(y) + "\" width=\"" + fmt("%.2f", w) +
+               "\" height=\"12\" fill=\"" + sg.colour + "\"><title>" + sg.name + " " + fmt("%.1f", 100 * sg.share) +
+               "%</title></rect>\n";
+        svg += "<text x=\"" + fmt("%.2f", x + 2) + "\" y=\"" + std::to_string(y + 10) + "\" fill=\"black\">" + sg.name +
+               " " + fmt("%.0f", 100 * sg.share) + "%</text>\n";
+        x += w;
+      }
+    };
+    bar_row(48, host);
+    for (size_t i = 0; i < 3; ++i) bar_row(66 + int(i) * 18, std::span<const Seg>(&beside[i], 1));
+  }
+  svg += "<text x=\"" + std::to_string(left) + "\" y=\"" + std::to_string(top - 14) +
+         "\">time per decoded token by layer and part (ms)</text>\n";
   for (size_t l = 0; l < n_layers; ++l) {
     const int y = top + int(l) * row;
     svg += "<text x=\"" + std::to_string(left - 6) + "\" y=\"" + std::to_string(y + bar) +

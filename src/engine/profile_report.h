@@ -18,7 +18,7 @@ struct ProfileSnapshot {
   std::array<int64_t, size_t(prof::Link::count)> link_ns{};
   std::vector<std::array<int64_t, size_t(prof::Part::count)>> layer_ns;  // [layer][part]
 
-  int64_t spans_ns() const;  // all non-nested spans: the time the recorder accounts for
+  int64_t spans_ns() const;  // the host's non-nested spans: the time the recorder accounts for
   int64_t layer_total_ns(size_t layer) const;  // non-nested parts of one layer
 };
 
@@ -36,7 +36,16 @@ struct TokenMark {
 // chrome://tracing. Times in microseconds.
 std::string chrome_trace_json(const std::vector<prof::Event>& events, const std::vector<TokenMark>& tokens);
 
+// The shares of decode time by link: the host's (CPU compute, NVMe wait, idle: 1 in all) and,
+// beside it, each other link's busy share.
+struct LinkShares {
+  double cpu = 0, nvme_wait = 0, idle = 0;
+  double gpu = 0, pcie = 0, nvme_read = 0;
+};
+
 // A horizontal stacked bar per layer (ms per token by part), with a legend; self-contained SVG.
-std::string layer_chart_svg(const ProfileSnapshot& s, int n_tokens, const std::string& title);
+// links: bars of the split by link above the layers (none: no such bars).
+std::string layer_chart_svg(const ProfileSnapshot& s, int n_tokens, const std::string& title,
+                            const LinkShares* links = nullptr);
 
 }  // namespace strata

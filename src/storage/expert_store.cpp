@@ -7,6 +7,7 @@
 #include <utility>
 #include <cinttypes>
 
+#include "base/profiler.h"
 #include "cpu/repack.h"
 
 namespace strata {
@@ -32,9 +33,11 @@ bool ExpertView::wait() const {
   for (;;) {
     int32_t v = st.load(std::memory_order_acquire);
     if (v == ExpertStore::kReady || v == ExpertStore::kFailed) {
-      if (t0 != Clock::time_point{} && wait_ns != nullptr)
-        wait_ns->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count(),
-                           std::memory_order_relaxed);
+      if (t0 != Clock::time_point{}) {
+        const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+        if (wait_ns != nullptr) wait_ns->fetch_add(ns, std::memory_order_relaxed);
+        prof::record(prof::Part::experts, layer, prof::Link::nvme_wait, prof::now_ns() - ns, ns);
+      }
       return v == ExpertStore::kReady;
     }
     if (v == ExpertStore::kRead) {
@@ -219,7 +222,7 @@ std::vector<ExpertView> ExpertStore::acquire(int layer, std::span<const int32_t>
     }
     Slot& sl = slots_[size_t(s)];
     ++sl.pins;
-    views.push_back({view(s, 0), view(s, 1), view(s, 2), &sl.state, &wait_ns_, s});
+    views.push_back({view(s, 0), view(s, 1), view(s, 2), &sl.state, &wait_ns_, s, layer});
   }
   return views;
 }
@@ -233,7 +236,7 @@ std::optional<ExpertView> ExpertStore::pin_if_in_ram(int layer, int expert) {
   const int32_t state = sl.state.load(std::memory_order_acquire);
   if (state != kRead && state != kRepacking && state != kReady) return std::nullopt;
   ++sl.pins;
-  return ExpertView{view(s, 0), view(s, 1), view(s, 2), &sl.state, &wait_ns_, s};
+  return ExpertView{view(s, 0), view(s, 1), view(s, 2), &sl.state, &wait_ns_, s, layer};
 }
 
 void ExpertStore::promote(ExpertKey key, int32_t slot) {
@@ -324,7 +327,10 @@ void ExpertStore::start_read(int32_t slot, bool demand) {
   sl.reads_left = kRoles;
   sl.failed = false;
   sl.prefetched = !demand;
-  if (in_flight_++ == 0) busy_since_ = now_seconds();
+  if (in_flight_++ == 0) {
+    busy_since_ = now_seconds();
+    busy_since_ns_ = prof::now_ns();
+  }
   const size_t layer = size_t(shape_.layer_of(sl.key));
   uint8_t* dst = arena_ + size_t(slot) * slot_bytes_;
   for (int r = 0; r < kRoles; ++r) {
@@ -369,7 +375,10 @@ void ExpertStore::on_read_done(uint64_t tag, const Status& status) {
   const bool repack = interleave_[layer * kRoles] || interleave_[layer * kRoles + 1] || interleave_[layer * kRoles + 2];
   sl.state.store(!ok ? kFailed : repack ? kRead : kReady, std::memory_order_release);
   sl.state.notify_all();
-  if (--in_flight_ == 0) stats_.read_seconds += now_seconds() - busy_since_;
+  if (--in_flight_ == 0) {
+    stats_.read_seconds += now_seconds() - busy_since_;
+    prof::record(prof::Part::experts, -1, prof::Link::nvme_read, busy_since_ns_, prof::now_ns() - busy_since_ns_);
+  }
   maybe_free(s);
   pump_prefetch();
 }
@@ -450,7 +459,10 @@ void ExpertStore::reset_stats() {
   stats_.predicted_right.assign(D, 0);
   stats_.chosen.assign(D, 0);
   wait_ns_.store(0, std::memory_order_relaxed);
-  if (in_flight_ > 0) busy_since_ = now_seconds();
+  if (in_flight_ > 0) {
+    busy_since_ = now_seconds();
+    busy_since_ns_ = prof::now_ns();
+  }
 }
 
 }  // namespace strata

@@ -91,6 +91,7 @@ struct ExpertView {
   const std::atomic<int32_t>* state = nullptr;  // see ExpertStore::SlotState
   std::atomic<int64_t>* wait_ns = nullptr;      // the store's wait counter
   int32_t slot = -1;
+  int32_t layer = -1;  // the layer it serves (the profiler's spans)
   // Blocks until the expert's reads completed; false when one failed (the store's take_error()
   // says which file and offset). The first caller to find the bytes in but not yet in the kernels'
   // layout interleaves them (a compute thread that would otherwise wait: the reader's thread stays
@@ -215,6 +216,7 @@ class ExpertStore {
   int in_flight_ = 0;                // expert reads started, not done
   int demand_waiting_ = 0;           // acquire() calls waiting for a free slot: prefetch yields
   double busy_since_ = 0;
+  int64_t busy_since_ns_ = 0;        // the same on the profiler's clock
   ExpertStoreStats stats_;
   Status error_ = Status::success();
   std::vector<std::vector<int32_t>> predicted_;  // [layer * (depth + 1) + d] experts predicted
