@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <random>
 
+#include "base/profiler.h"
 #include "engine/config.h"
 #include "engine/session.h"
 #include "model/model_info.h"
@@ -168,7 +169,15 @@ TEST(ThreeTiers, SimulatedVramRamAndNvmeEqualTheAllInRamRun) {
     auto tier = GpuTier::create_simulated(engine.model(), o);
     ASSERT_TRUE(tier.ok()) << tier.error().message;
     engine.set_gpu_tier(std::move(*tier));
+    prof::reset();
+    prof::enable(true);
     expect_identical(run(engine, 20, 24), want);
+    prof::enable(false);
+    // each tier's link was busy: reads in flight, the device's kernels and its copies
+    EXPECT_GT(prof::g_totals.link_ns[size_t(prof::Link::nvme_read)].load(), 0);
+    EXPECT_GT(prof::g_totals.link_ns[size_t(prof::Link::gpu)].load(), 0);
+    EXPECT_GT(prof::g_totals.link_ns[size_t(prof::Link::pcie_h2d)].load(), 0);
+    EXPECT_GT(prof::g_totals.link_ns[size_t(prof::Link::cpu)].load(), 0);
     const GpuTier::Stats g = engine.gpu_tier()->stats();
     EXPECT_GT(g.promotions, 0u) << engine.gpu_tier()->summary();
     EXPECT_GT(g.gpu_uses, 0u) << engine.gpu_tier()->summary();

@@ -92,13 +92,38 @@ TEST(Profiler, PartsLayersAndLinksAgree) {
     EXPECT_EQ(sum, snap.part_ns[size_t(p)]) << prof::kPartNames[size_t(p)];
     EXPECT_GT(sum, 0);
   }
-  // all of it is CPU compute today; the nested part is not counted twice
+  // a model in RAM and no GPU tier: all of it is CPU compute; the nested part is not counted twice
   int64_t top = 0;
   for (size_t p = 0; p < size_t(prof::Part::count); ++p)
     if (!prof::nested(prof::Part(p))) top += snap.part_ns[p];
   EXPECT_EQ(snap.link_ns[size_t(prof::Link::cpu)], top);
   EXPECT_EQ(snap.spans_ns(), top);
   EXPECT_GT(snap.part_ns[size_t(prof::Part::attention)], snap.part_ns[size_t(prof::Part::attention_core)]);
+}
+
+// A span timed elsewhere (a tier's link) goes to its link's total and the trace, never to the
+// host's spans or the parts; off, it is dropped.
+TEST(Profiler, RecordedLinksAreBesideTheHostSpans) {
+  prof::reset();
+  prof::take_events();
+  prof::enable_tracing(true);
+  prof::record(prof::Part::experts, 3, prof::Link::nvme_read, prof::now_ns(), 1500);
+  prof::record(prof::Part::experts, 3, prof::Link::gpu, prof::now_ns(), 700);
+  prof::record(prof::Part::experts, 3, prof::Link::gpu, prof::now_ns(), 0);  // empty: nothing
+  prof::enable_tracing(false);
+  prof::enable(false);
+  prof::record(prof::Part::experts, 3, prof::Link::nvme_read, prof::now_ns(), 9999);  // off
+  const ProfileSnapshot snap = take_snapshot(4);
+  EXPECT_EQ(snap.link_ns[size_t(prof::Link::nvme_read)], 1500);
+  EXPECT_EQ(snap.link_ns[size_t(prof::Link::gpu)], 700);
+  EXPECT_EQ(snap.link_ns[size_t(prof::Link::cpu)], 0);
+  EXPECT_EQ(snap.spans_ns(), 0);
+  EXPECT_EQ(snap.part_ns[size_t(prof::Part::experts)], 0);
+  const std::vector<prof::Event> ev = prof::take_events();
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[0].link, prof::Link::nvme_read);
+  EXPECT_EQ(ev[0].layer, 3);
+  EXPECT_EQ(ev[1].link, prof::Link::gpu);
 }
 
 TEST(Profiler, OffRecordsNothing) {
