@@ -79,6 +79,16 @@ int run_profile(const ProfileOptions& o) {
     limits_source = "measured now (run strata calibrate to cache it)";
   }
 
+  // the disk's rate for the NVMe tier's reads (random 1 MiB reads of the model file at the tier's
+  // queue depth, as strata bench probes it), before the run: its reads would share the disk
+  if (engine.expert_store() != nullptr) {
+    storage::DiskProbeOptions po;
+    po.path = config.model_path;
+    po.queue_depth = config.queue_depth;
+    po.access = storage::DiskAccess::random;
+    po.seconds = 2;
+    if (auto probe = storage::measure_disk_read(po)) limits.nvme_gbps = probe->gbps;
+  }
   std::vector<TokenId> prompt;
   while (int(prompt.size()) < o.n_prompt) {
     auto ids = tok->tokenize(kStandardText, prompt.empty(), false);
@@ -171,14 +181,6 @@ int run_profile(const ProfileOptions& o) {
   }
   if (plan_limits.cpu_int8_gops <= 0) plan_limits.cpu_int8_gops = cpu::measure_int8_peak_gops(pool);
   if (plan_limits.ram_bytes == 0) plan_limits.ram_bytes = system_memory().total;
-  if (plan_limits.nvme_gbps <= 0 && engine.expert_store() != nullptr) {
-    storage::DiskProbeOptions po;
-    po.path = config.model_path;
-    po.queue_depth = config.queue_depth;
-    po.access = storage::DiskAccess::random;
-    po.seconds = 2;
-    if (auto probe = storage::measure_disk_read(po)) plan_limits.nvme_gbps = probe->gbps;
-  }
   std::optional<Plan> plan;
   std::string plan_error;
   {
@@ -255,8 +257,10 @@ int run_profile(const ProfileOptions& o) {
   std::printf("prefill  %d tokens in %.3f s = %.1f tok/s\n", o.n_prompt, prefill_s, o.n_prompt / prefill_s);
   std::printf("decode   %d tokens in %.3f s = %.2f tok/s, %.3f ms per token\n", o.n_gen, wall_s,
               wall_s > 0 ? o.n_gen / wall_s : 0.0, ms_per_token);
-  std::printf("\nsplit of decode time: CPU %.1f%% | GPU %.1f%% | PCIe %.1f%% | NVMe %.1f%% | idle %.1f%%\n",
-              100 * share(cpu_ms), 100 * share(gpu_ms), 100 * share(pcie_ms), 100 * share(nvme_ms), 100 * share(idle_ms));
+  // a share as a percentage; a link that was busy never shows as 0
+  auto pct = [](double x) { return x > 0 && x < 0.001 ? std::string("<0.1%") : strfmt("%.1f%%", 100 * x); };
+  std::printf("\nsplit of decode time: CPU %s | GPU %s | PCIe %s | NVMe %s | idle %s\n", pct(share(cpu_ms)).c_str(),
+              pct(share(gpu_ms)).c_str(), pct(share(pcie_ms)).c_str(), pct(share(nvme_ms)).c_str(), pct(share(idle_ms)).c_str());
   std::printf("  the host: CPU compute %.1f%% + waiting on NVMe reads %.1f%% + idle (outside any span) %.1f%% = 100%%;\n"
               "  beside it, each link's busy share: GPU (the tier's device work), PCIe (its copies)%s, NVMe (a read in flight)\n",
               100 * share(cpu_ms), 100 * share(wait_ms), 100 * share(idle_ms),
@@ -275,7 +279,7 @@ int run_profile(const ProfileOptions& o) {
   std::printf("\nper token, by part:\n");
   for (size_t p = 0; p < size_t(prof::Part::count); ++p) {
     if (snap.part_calls[p] == 0) continue;
-    std::printf("  %-18s %9.3f ms %s\n", std::string(prof::kPartNames[p]).c_str(), double(snap.part_ns[p]) / 1e6 / n,
+    std::printf("  %-22s %9.3f ms %s\n", std::string(prof::kPartNames[p]).c_str(), double(snap.part_ns[p]) / 1e6 / n,
                 prof::nested(prof::Part(p)) ? "(inside attention)" : "");
   }
   if (tiered)

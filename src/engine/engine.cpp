@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "base/profiler.h"
 #include "cpu/calibrate.h"
 #include "cpu/thread_pool.h"
 #include "engine/gpu_tier.h"
@@ -113,6 +114,7 @@ Status Engine::take_error() const { return store_ ? store_->take_error() : Statu
 
 void Engine::end_step(std::span<Session* const> sessions) const {
   if (!gpu_ || sessions.empty()) return;
+  prof::Span span(prof::Part::tier_step);
   const uint64_t per_token = kv_bytes_per_token(model_->hparams(), sessions[0]->kv_type());
   for (Session* s : sessions) gpu_->set_kv(s, per_token * uint64_t(s->n_past()));
   gpu_->end_step();

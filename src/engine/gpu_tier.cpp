@@ -249,7 +249,9 @@ Result<int> GpuTier::load_heat(const std::string& path) {
     if (!(in >> heat[i]) || !std::isfinite(heat[i]) || heat[i] < 0)
       return Error{strfmt("gpu.heat_file %s: count %zu of %zu is missing or not a non-negative number", path.c_str(),
                           i + 1, heat.size())};
-  return cache_->warm_start(heat, host_bytes());
+  const int promoted = cache_->warm_start(heat, host_bytes());
+  release_held();
+  return promoted;
 }
 
 Status GpuTier::save_heat(const std::string& path) const {
@@ -282,41 +284,40 @@ gpu::VramExpertCache::HostBytes GpuTier::host_bytes() {
     const LayerWeights& l = m_.layers[size_t(layer)];
     std::vector<std::span<const uint8_t>> pieces;
     deinterleaved_.resize(3);
-    std::optional<ExpertView> held;  // streamed experts: the store's RAM slot, pinned
-    if (store_ != nullptr) {
-      held = store_->pin_if_in_ram(layer, e);
-      if (!held) return pieces;  // not in RAM: a candidate again later
-      if (!held->wait()) {       // bytes in (ready, or interleaved now); a failed read is not copied
-        store_->release(std::span<const ExpertView>(&*held, 1));
+    release_held();  // the previous expert's copies are done (copy_h2d returns once src is free)
+    if (store_ != nullptr) {  // streamed experts: from the store's RAM slot, pinned until the next call
+      held_ = store_->pin_if_in_ram(layer, e);
+      if (!held_) return pieces;  // not in RAM: a candidate again later
+      if (!held_->wait()) {       // bytes in (ready, or interleaved now); a failed read is not copied
+        release_held();
         return pieces;
       }
     }
     const Weight* mats[3] = {&l.gate_exps, &l.up_exps, &l.down_exps};
-    if (held) mats[0] = &held->gate, mats[1] = &held->up, mats[2] = &held->down;
+    if (held_) mats[0] = &held_->gate, mats[1] = &held_->up, mats[2] = &held_->down;
     for (int k = 0; k < 3; ++k) {
-      const Weight x = held ? *mats[k] : mats[k]->slice(e);
-      // the simulation computes a slot with the CPU kernels (their layout); the GPU's kernels read
-      // the file's: rows the loader interleaved are put back. A store's slot is reused once
-      // released: its bytes are copied out first.
-      if (!held && (!x.interleaved || cuda_ == nullptr)) {
+      const Weight x = held_ ? *mats[k] : mats[k]->slice(e);
+      // the simulation computes a slot with the CPU kernels (their layout: the bytes as they are);
+      // the GPU's kernels read the file's: rows the loader interleaved are put back
+      if (!x.interleaved || cuda_ == nullptr) {
         pieces.emplace_back(x.data, x.mat_bytes());
         continue;
       }
-      std::vector<uint8_t>& out = deinterleaved_[size_t(k)];
-      out.resize(x.mat_bytes());
-      if (!x.interleaved || cuda_ == nullptr) {
-        std::memcpy(out.data(), x.data, x.mat_bytes());
-      } else {
-        for (int64_t r = 0; r < x.n_out; ++r) {
-          const uint8_t* row = cpu::file_row(x, r, 0, out.data() + size_t(r) * x.row_bytes);
-          if (row != out.data() + size_t(r) * x.row_bytes) std::memcpy(out.data() + size_t(r) * x.row_bytes, row, x.row_bytes);
-        }
+      std::vector<uint8_t>& file = deinterleaved_[size_t(k)];
+      file.resize(x.mat_bytes());
+      for (int64_t r = 0; r < x.n_out; ++r) {
+        const uint8_t* row = cpu::file_row(x, r, 0, file.data() + size_t(r) * x.row_bytes);
+        if (row != file.data() + size_t(r) * x.row_bytes) std::memcpy(file.data() + size_t(r) * x.row_bytes, row, x.row_bytes);
       }
-      pieces.emplace_back(out.data(), out.size());
+      pieces.emplace_back(file.data(), file.size());
     }
-    if (held) store_->release(std::span<const ExpertView>(&*held, 1));
     return pieces;
   };
+}
+
+void GpuTier::release_held() {
+  if (held_) store_->release(std::span<const ExpertView>(&*held_, 1));
+  held_.reset();
 }
 
 bool GpuTier::resident(int layer, int expert) const { return cache_->resident(layer, expert); }
@@ -324,6 +325,7 @@ bool GpuTier::resident(int layer, int expert) const { return cache_->resident(la
 void GpuTier::end_step() {
   const uint64_t before = sim_ != nullptr ? sim_->bytes_copied() : cuda_->bytes_copied();
   cache_->end_step(host_bytes());
+  release_held();
   const uint64_t copied = (sim_ != nullptr ? sim_->bytes_copied() : cuda_->bytes_copied()) - before;
   // the step's promotions on the PCIe link, at the tier's rate
   prof::record(prof::Part::experts, -1, prof::Link::pcie_h2d, prof::now_ns(),

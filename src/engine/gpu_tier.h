@@ -27,6 +27,7 @@
 #include "gpu/device.h"
 #include "gpu/sim_device.h"
 #include "gpu/vram_cache.h"
+#include "storage/expert_store.h"
 #include "cpu/weights.h"
 
 namespace strata {
@@ -34,7 +35,6 @@ namespace strata {
 namespace gpu {
 class CudaDevice;
 }  // namespace gpu
-class ExpertStore;
 class Model;
 struct LayerWeights;
 struct GluParams;
@@ -108,7 +108,10 @@ class GpuTier {
   // expert from its RAM slot in `store` (pinned for the copy; an expert not in RAM is not promoted
   // until it is), and nothing is shipped (an expert's bytes are in RAM only while the store holds
   // them). Not owned; it outlives the tier.
-  void stream_from(ExpertStore* store) { store_ = store; }
+  void stream_from(ExpertStore* store) {
+    release_held();
+    store_ = store;
+  }
   // Whether (layer, expert) has a VRAM slot (its copy may still be in flight).
   bool resident(int layer, int expert) const;
 
@@ -184,6 +187,10 @@ class GpuTier {
   int64_t share_rows_ = 0;                                         // its output: n_tok * n_embd
   std::vector<std::vector<uint8_t>> deinterleaved_;  // host_bytes's file-layout copies
   ExpertStore* store_ = nullptr;                     // stream_from
+  // host_bytes's expert of the store, pinned while the cache copies it (until the next call or
+  // the end of the step)
+  std::optional<ExpertView> held_;
+  void release_held();
   std::unique_ptr<gpu::VramExpertCache> cache_;
   int stream_ = -1;
   uint64_t fixed_ = 0, slot_bytes_ = 0;

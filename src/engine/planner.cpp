@@ -227,7 +227,8 @@ Result<Plan> make_plan(const PlanModel& m, const Config& c, const HardwareLimits
   }
   StepTime& d = plan.decode;
   const double gpu_exp = expert_use * hv, ram_exp = expert_use * hr, nvme_exp = expert_use * hm;
-  const double t_gpu = (gpu_fixed + gpu_exp) / (hw.gpu_gbps > 0 ? hw.gpu_gbps * 1e9 : 1.0);
+  const double gpu_launches = has_gpu ? double(k) * double(moe_layers) * hv * o.expert_launch_us * 1e-6 : 0.0;
+  const double t_gpu = (gpu_fixed + gpu_exp) / (hw.gpu_gbps > 0 ? hw.gpu_gbps * 1e9 : 1.0) + gpu_launches;
   // the CPU forward pass reaches a measured share of the kernels' speed (1: the kernel bound)
   const double eff_d = hw.cpu_decode_efficiency > 0 ? std::min(hw.cpu_decode_efficiency, 1.0) : 1.0;
   const double eff_p = hw.cpu_prefill_efficiency > 0 ? std::min(hw.cpu_prefill_efficiency, 1.0) : 1.0;

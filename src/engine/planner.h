@@ -58,6 +58,8 @@ struct PlanOptions {
   uint64_t vram_scratch = uint64_t(512) << 20;
   // one CPU <-> GPU hand-over of the hidden state (copy + synchronisation), per direction per layer
   double handover_us = 10.0;
+  // one kernel launch per routed expert computed on the GPU (as the placement's cost model has it)
+  double expert_launch_us = 5.0;
   // Shares of routed-expert uses that hit VRAM and RAM in decode, measured (strata replay) instead
   // of the uniform-routing default (each tier serves the share of experts it holds). Both or none.
   std::optional<double> hit_vram, hit_ram;
