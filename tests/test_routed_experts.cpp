@@ -68,20 +68,11 @@ class FixedRouting final : public RoutingOverride {
 };
 
 // One forward pass of `ids` at position pos0 in `cache`, on `ex`; the last token's logits.
-std::vector<float> forward(const Model& m, const Exec& ex, KvCache& cache, std::span<const int32_t> ids, int64_t pos0) {
+std::vector<float> forward_last(const Model& m, const Exec& ex, KvCache& cache, std::span<const int32_t> ids,
+                                int64_t pos0) {
   const SeqSpan seq{&cache, pos0, int64_t(ids.size())};
   std::vector<float> logits(size_t(m.hparams().n_vocab));
-  switch (m.hparams().arch) {
-    case Arch::deepseek2:
-      forward_deepseek2(m, ex, std::span<const SeqSpan>(&seq, 1), ids.data(), false, logits.data());
-      break;
-    case Arch::deepseek4:
-      forward_deepseek4(m, ex, std::span<const SeqSpan>(&seq, 1), ids.data(), false, logits.data());
-      break;
-    default:
-      forward_gqa_moe(m, ex, std::span<const SeqSpan>(&seq, 1), ids.data(), false, logits.data());
-      break;
-  }
+  forward(m, ex, std::span<const SeqSpan>(&seq, 1), ids.data(), false, logits.data());
   return logits;
 }
 
@@ -104,8 +95,8 @@ TEST_P(RoutedExpertsArch, OneRunPerMoeLayerAndTheResidentLogits) {
   for (const auto& [p0, n] : std::vector<std::pair<int64_t, int64_t>>{{0, 10}, {10, 1}, {11, 1}}) {
     const std::span<const int32_t> part(ids.data() + p0, size_t(n));
     const size_t runs_before = rec.runs.size(), prefetches_before = rec.prefetches.size();
-    const std::vector<float> want = forward(*m, Exec(be), want_cache, part, p0);
-    const std::vector<float> got = forward(*m, Exec(be, rec), got_cache, part, p0);
+    const std::vector<float> want = forward_last(*m, Exec(be), want_cache, part, p0);
+    const std::vector<float> got = forward_last(*m, Exec(be, rec), got_cache, part, p0);
     EXPECT_EQ(got, want) << "tokens from " << p0;
     // one run per MoE layer, in layer order, with k ids per token
     ASSERT_EQ(rec.runs.size() - runs_before, size_t(n_moe));
@@ -151,7 +142,7 @@ TEST_P(RoutedExpertsArch, TheOverrideDecidesAndItsPeekIsTheLookAhead) {
   oracle.k_ = hp.n_expert_used;
   for (int64_t p = 0; p < int64_t(ids.size()); ++p) {
     const size_t runs_before = rec.runs.size(), prefetches_before = rec.prefetches.size();
-    forward(*m, Exec(be, rec, &fixed), cache, std::span<const int32_t>(&ids[size_t(p)], 1), p);
+    forward_last(*m, Exec(be, rec, &fixed), cache, std::span<const int32_t>(&ids[size_t(p)], 1), p);
     for (size_t i = prefetches_before; i < rec.prefetches.size(); ++i) {
       const RecordingExperts::Prefetch& pf = rec.prefetches[i];
       // what the override will choose for that layer's token, as its peek gives it

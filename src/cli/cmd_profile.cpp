@@ -200,7 +200,6 @@ int run_profile(const ProfileOptions& o) {
                p_pcie = plan ? plan->decode.pcie_s * 1e3 : 0, p_nvme = plan ? plan->decode.nvme_s * 1e3 : 0,
                p_total = plan ? plan->decode.total_s * 1e3 : 0;
 
-  std::string trace_note, svg_note;
   if (!o.trace_path.empty()) {
     if (Status s = write_text(o.trace_path, chrome_trace_json(events, marks)); !s) return fail(s.error().message);
   }

@@ -50,19 +50,15 @@ ExpertLayout expert_layout(const Model& m) {
   return layout;
 }
 
-Engine::Engine(std::unique_ptr<Model> model)
-    : model_(std::move(model)), summary_(summary_of(*model_)),
+Engine::Engine(std::unique_ptr<Model> model, const Config& config, ModelSummary summary)
+    : model_(std::move(model)), config_(config), summary_(std::move(summary)),
       experts_(std::make_unique<TieredExperts>(nullptr, nullptr)) {}
 
-Engine::Engine(std::unique_ptr<Model> model, const Config& config) : Engine(std::move(model)) { config_ = config; }
-
-// The tiers refer to the model: they go first (the GPU tier saves its heat file on the way).
-Engine::~Engine() {
-  experts_.reset();
-  store_.reset();
-  gpu_.reset();
-  backend_.reset();
+Engine::Engine(std::unique_ptr<Model> model) : Engine(std::move(model), Config{}, ModelSummary{}) {
+  summary_ = summary_of(*model_);
 }
+
+Engine::~Engine() = default;  // the members' order is the tiers' (engine.h)
 
 // The routed experts over whichever tiers there are; the GPU tier promotes from the store's RAM
 // slots when the experts are streamed.
@@ -150,7 +146,7 @@ Result<std::unique_ptr<Engine>> Engine::open(const Config& c, const char* cmd) {
   const bool gpu_tier = c.vram_budget > 0 && has_experts && (c.gpu_simulate || real_gpu);
   auto m = Model::load(c.model_path, budget->load, c.repack, stream);
   if (!m) return m.error();
-  auto engine = std::make_unique<Engine>(std::move(*m), c);
+  auto engine = std::make_unique<Engine>(std::move(*m), c, *s);
   const Model& model = engine->model();
   std::string how = model.file().load_mode() == MappedFile::Mode::ram ? "read into RAM" : "mapped";
   if (stream) {

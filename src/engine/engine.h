@@ -39,7 +39,8 @@ class Engine {
   // A model as loaded, with no tier: every expert from its weights, the CPU backend (tests and
   // tools; set_* below attach tiers).
   explicit Engine(std::unique_ptr<Model> model);
-  Engine(std::unique_ptr<Model> model, const Config& config);
+  // The same under `config`, with the model's summary already made.
+  Engine(std::unique_ptr<Model> model, const Config& config, ModelSummary summary);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -90,9 +91,11 @@ class Engine {
   std::unique_ptr<Model> model_;
   Config config_;
   ModelSummary summary_;
+  // destroyed in reverse: the experts over the tiers, the GPU tier (it promotes from the store
+  // and saves its heat file from the model's shape), the store, the backend, then the model
   std::unique_ptr<Backend> backend_;
-  std::unique_ptr<GpuTier> gpu_;
   std::unique_ptr<ExpertStore> store_;
+  std::unique_ptr<GpuTier> gpu_;
   std::unique_ptr<TieredExperts> experts_;  // over gpu_ and store_: rebuilt when they change
   RoutingOverride* routing_ = nullptr;
 };

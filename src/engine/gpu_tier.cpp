@@ -156,6 +156,7 @@ std::vector<GpuTier::Assignment> GpuTier::place(const LayerWeights& l, int layer
   counts_.model_copy_s += p.copy_s;
   counts_.model_total_s += p.total_s;
   std::vector<Assignment> out(experts.size());
+  double layer_gpu_s = 0, layer_copy_s = 0;  // the layer's GPU share, for the profiler
   // the GPU share on the timeline: kernels from slots first, then each shipped expert's kernel
   // after its copy (the order place_experts costs)
   for (size_t i = 0; i < experts.size(); ++i) {
@@ -183,6 +184,7 @@ std::vector<GpuTier::Assignment> GpuTier::place(const LayerWeights& l, int layer
       out[i].views = v;
       const double seconds = o_.costs.gpu_seconds(bytes, params, n_tok[i]);
       counts_.gpu_seconds += seconds;
+      layer_gpu_s += seconds;
       if (cuda_ != nullptr) {
         out[i].on_device = true;  // its kernels are issued by begin_device_share
         continue;
@@ -196,6 +198,8 @@ std::vector<GpuTier::Assignment> GpuTier::place(const LayerWeights& l, int layer
     counts_.ship_bytes += bytes;
     const double seconds = o_.costs.gpu_seconds(bytes, params, n_tok[i]);
     counts_.gpu_seconds += seconds;
+    layer_gpu_s += seconds;
+    layer_copy_s += o_.costs.copy_seconds(bytes);
     if (cuda_ != nullptr) {
       out[i].on_device = true;  // copied and computed by begin_device_share
       continue;
@@ -203,17 +207,10 @@ std::vector<GpuTier::Assignment> GpuTier::place(const LayerWeights& l, int layer
     sim_->wait(stream_, sim_->transfer_h2d(cache_->copy_stream(), bytes));  // the one PCIe link, shared with promotions
     sim_->launch(stream_, {}, seconds, nullptr);
   }
-  if (prof::enabled()) {  // the layer's GPU share on the profiler's links, as the placement models it
-    double gpu_s = 0, copy_s = 0;
-    for (size_t i = 0; i < experts.size(); ++i) {
-      if (p.site[i] == ExpertSite::cpu) continue;
-      gpu_s += o_.costs.gpu_seconds(bytes, params, n_tok[i]);
-      if (p.site[i] == ExpertSite::ship) copy_s += double(bytes) / (o_.costs.pcie_gbps * 1e9);
-    }
-    const int64_t now = prof::now_ns();
-    prof::record(prof::Part::experts, layer, prof::Link::pcie_h2d, now, int64_t(copy_s * 1e9));
-    prof::record(prof::Part::experts, layer, prof::Link::gpu, now + int64_t(copy_s * 1e9), int64_t(gpu_s * 1e9));
-  }
+  // the layer's GPU share on the profiler's links, as the placement models it
+  const int64_t now = prof::now_ns();
+  prof::record(prof::Part::experts, layer, prof::Link::pcie_h2d, now, int64_t(layer_copy_s * 1e9));
+  prof::record(prof::Part::experts, layer, prof::Link::gpu, now + int64_t(layer_copy_s * 1e9), int64_t(layer_gpu_s * 1e9));
   return out;
 }
 
@@ -329,7 +326,7 @@ void GpuTier::end_step() {
   const uint64_t copied = (sim_ != nullptr ? sim_->bytes_copied() : cuda_->bytes_copied()) - before;
   // the step's promotions on the PCIe link, at the tier's rate
   prof::record(prof::Part::experts, -1, prof::Link::pcie_h2d, prof::now_ns(),
-               int64_t(double(copied) / (o_.costs.pcie_gbps * 1e9) * 1e9));
+               int64_t(o_.costs.copy_seconds(copied) * 1e9));
 }
 
 void GpuTier::set_kv(const void* session, uint64_t bytes) {

@@ -9,27 +9,6 @@
 
 namespace strata {
 
-namespace {
-// hidden: null, or where the last layer's output rows go (not deepseek4).
-void run_forward(const Model& m, const Exec& ex, std::span<const SeqSpan> seqs, const int32_t* tokens,
-                 bool all_logits, float* logits, float* hidden = nullptr) {
-  switch (m.hparams().arch) {
-    case Arch::qwen3moe:
-    case Arch::qwen2moe:
-    case Arch::llama:
-    case Arch::gpt_oss:
-      forward_gqa_moe(m, ex, seqs, tokens, all_logits, logits, hidden);
-      break;
-    case Arch::deepseek2:
-      forward_deepseek2(m, ex, seqs, tokens, all_logits, logits, hidden);
-      break;
-    case Arch::deepseek4:
-      STRATA_CHECK(hidden == nullptr, "deepseek4's forward pass gives no hidden rows");
-      forward_deepseek4(m, ex, seqs, tokens, all_logits, logits);
-      break;
-  }
-}
-}  // namespace
 
 Session::~Session() {
   if (engine_ != nullptr) engine_->session_closed(this);
@@ -88,7 +67,7 @@ Result<std::vector<float>> Session::eval(std::span<const int32_t> tokens, bool a
   std::vector<float> logits(size_t((all_logits ? n : 1) * hp.n_vocab));
   const SeqSpan seq{&cache_, n_past_, n};
   std::vector<float> hidden(keep_hidden_ ? size_t(n * hp.n_embd) : 0);
-  run_forward(model_, exec(), std::span<const SeqSpan>(&seq, 1), tokens.data(), all_logits, logits.data(),
+  forward(model_, exec(), std::span<const SeqSpan>(&seq, 1), tokens.data(), all_logits, logits.data(),
               keep_hidden_ ? hidden.data() : nullptr);
   STRATA_TRY(forward_error());
   if (keep_hidden_) keep_rows(hidden.data(), n);
@@ -153,7 +132,7 @@ Result<std::vector<float>> Session::eval_batch(std::span<Session* const> session
   // the last layer's rows, where a session keeps them (an MTP drafter's)
   const bool hidden = std::any_of(sessions.begin(), sessions.end(), [](const Session* se) { return se->keep_hidden_; });
   std::vector<float> rows(hidden ? all.size() * size_t(hp.n_embd) : 0);
-  run_forward(m, sessions[0]->exec(), seqs, all.data(), all_logits, logits.data(), hidden ? rows.data() : nullptr);
+  forward(m, sessions[0]->exec(), seqs, all.data(), all_logits, logits.data(), hidden ? rows.data() : nullptr);
   STRATA_TRY(sessions[0]->forward_error());
   for (size_t s = 0, t = 0; s < sessions.size(); t += tokens[s].size(), ++s) {
     if (sessions[s]->keep_hidden_) sessions[s]->keep_rows(rows.data() + t * size_t(hp.n_embd), int64_t(tokens[s].size()));

@@ -19,6 +19,25 @@ int64_t batch_tokens(std::span<const SeqSpan> seqs) {
   return n;
 }
 
+void forward(const Model& m, const Exec& ex, std::span<const SeqSpan> seqs, const int32_t* tokens, bool all_logits,
+             float* logits, float* hidden) {
+  switch (m.hparams().arch) {
+    case Arch::qwen3moe:
+    case Arch::qwen2moe:
+    case Arch::llama:
+    case Arch::gpt_oss:
+      forward_gqa_moe(m, ex, seqs, tokens, all_logits, logits, hidden);
+      break;
+    case Arch::deepseek2:
+      forward_deepseek2(m, ex, seqs, tokens, all_logits, logits, hidden);
+      break;
+    case Arch::deepseek4:
+      STRATA_CHECK(hidden == nullptr, "deepseek4's forward pass gives no hidden rows");
+      forward_deepseek4(m, ex, seqs, tokens, all_logits, logits);
+      break;
+  }
+}
+
 void gqa_moe_block(const Model& m, const Exec& ex, std::span<const SeqSpan> seqs, int il,
                    const LayerWeights& l, float* x, int64_t n_tok, float* h, float* y) {
   const HParams& hp = m.hparams();

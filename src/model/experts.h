@@ -50,7 +50,7 @@ struct Exec {
   RoutedExperts& experts;
   RoutingOverride* routing = nullptr;
   // The backend alone: every expert from the model's weights, the routers' own choices.
-  Exec(const Backend& b) : be(b), experts(resident_experts()) {}  // NOLINT: implicit on purpose
+  explicit Exec(const Backend& b) : be(b), experts(resident_experts()) {}
   Exec(const Backend& b, RoutedExperts& e, RoutingOverride* o = nullptr) : be(b), experts(e), routing(o) {}
 };
 

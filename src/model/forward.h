@@ -63,6 +63,11 @@ void forward_deepseek4(const Model& m, const Exec& ex, std::span<const SeqSpan> 
                        bool all_logits, float* logits);
 void init_deepseek4_cache(const Model& m, int n_ctx, KvCache& cache);
 
+// The forward pass of m's architecture family (one of the above, the same arguments); hidden must
+// be null for deepseek4.
+void forward(const Model& m, const Exec& ex, std::span<const SeqSpan> seqs, const int32_t* tokens, bool all_logits,
+             float* logits, float* hidden = nullptr);
+
 // The cache shape each family needs; `type` applies to GQA caches (MLA's latent rows are float).
 void init_cache(const Model& m, int n_ctx, KvCache& cache, KvType type = KvType::f32);
 
