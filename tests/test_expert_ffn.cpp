@@ -7,10 +7,14 @@
 //  - exact path (weights dequantized, float activations): 1e-5, float rounding of sums of a few
 //    thousand terms;
 //  - quantized path (activations rounded to Q8_0 / Q8_K before the integer dot products), against
-//    a reference that rounds them the same way: 1e-3. What is left is float rounding and the few
-//    GLU outputs whose float and double values round to neighbouring 8-bit steps (one step, 1/127
-//    of a block's largest value, in a handful of the 512 elements). Without the rounding in the
-//    reference the difference is the 8-bit rounding itself, 1-4e-2 on these random weights.
+//    a reference that rounds them the same way: 1e-4 after the roundings the reference cannot
+//    decide. A GLU output within 0.1% of an 8-bit step of a rounding boundary may round either
+//    way in float (the engine) and double (the reference); one such flip moves a token's output
+//    by a step (1/127 of its block's largest value) times its down column, up to 2e-3 of the
+//    output's RMS. The reference lists those outputs with the move each would make; a move is
+//    taken only where it brings that token's row closer to the engine, and what is left over must
+//    be float rounding (measured 2e-7 typical, 3e-5 worst over 80 seeds). Without the rounding in
+//    the reference the difference is the 8-bit rounding itself, 1-4e-2 on these random weights.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -127,9 +131,16 @@ void check(const Case& c, uint64_t seed) {
   }
 
   // The reference, in double from the dequantized weights. For the quantized path it rounds the
-  // activations as the engine does (h to gate/up's vec_dot type, the GLU output to down's), so
-  // what remains is float rounding and the odd GLU output that lands on the other side of a
-  // rounding boundary.
+  // activations as the engine does (h to gate/up's vec_dot type, the GLU output to down's), and
+  // lists the GLU outputs near a rounding boundary as flips.
+  struct Flip {  // output row t may move by `delta` (E values) if the engine rounded the other way
+    int64_t t;
+    std::vector<double> delta;
+  };
+  struct Reference {
+    std::vector<double> out;
+    std::vector<Flip> flips;
+  };
   auto reference = [&](bool round_acts) {
     auto rounded = [&](std::vector<float> x, GgmlType weight_type) {
       const GgmlType at = quant_traits(weight_type).vec_dot_type;
@@ -139,12 +150,35 @@ void check(const Case& c, uint64_t seed) {
       quant_traits(at).dequantize_row(q.data(), x.data(), int64_t(x.size()));
       return x;
     };
-    std::vector<double> ref(size_t(c.n_tok * E), 0.0);
+    // (the other rounding - this one) of each element of x that a nudge of 0.1% of its block's
+    // step rounds differently, else 0.
+    auto undecided = [&](const std::vector<float>& x, const std::vector<float>& xq, GgmlType weight_type) {
+      std::vector<double> d(x.size(), 0.0);
+      const GgmlType at = quant_traits(weight_type).vec_dot_type;
+      if (!round_acts || at == GgmlType::f32) return d;
+      const int64_t bs = quant_traits(at).block_size;
+      for (size_t b0 = 0; b0 < x.size(); b0 += size_t(bs)) {
+        float amax = 0;
+        for (int64_t i = 0; i < bs; ++i) amax = std::max(amax, std::abs(x[b0 + size_t(i)]));
+        const float step = amax / 127.0f;
+        for (int64_t i = 0; i < bs; ++i) {
+          for (float sign : {-1.0f, 1.0f}) {
+            std::vector<float> nudged(x.begin() + long(b0), x.begin() + long(b0) + bs);
+            nudged[size_t(i)] += sign * 1e-3f * step;
+            nudged = rounded(nudged, weight_type);
+            if (nudged[size_t(i)] != xq[b0 + size_t(i)]) d[b0 + size_t(i)] = double(nudged[size_t(i)]) - xq[b0 + size_t(i)];
+          }
+        }
+      }
+      return d;
+    };
+    Reference ref{std::vector<double>(size_t(c.n_tok * E), 0.0), {}};
     for (int64_t t = 0; t < c.n_tok; ++t) {
       const std::vector<float> ht = rounded(std::vector<float>(h.begin() + t * E, h.begin() + (t + 1) * E), c.gate_up);
       for (int j = 0; j < k; ++j) {
         const int e = r.ids[size_t(t * k + j)];
-        std::vector<float> act(static_cast<size_t>(F));
+        const double w = r.weights[size_t(t * k + j)];
+        std::vector<float> glu_out(static_cast<size_t>(F));
         for (int64_t f = 0; f < F; ++f) {
           const std::vector<float> wg = dequant(gate.w, e, f), wu = dequant(up.w, e, f);
           double g = c.biases ? gb[size_t(e * F + f)] : 0.0, u = c.biases ? ub[size_t(e * F + f)] : 0.0;
@@ -152,14 +186,21 @@ void check(const Case& c, uint64_t seed) {
             g += double(wg[size_t(i)]) * ht[size_t(i)];
             u += double(wu[size_t(i)]) * ht[size_t(i)];
           }
-          act[size_t(f)] = float(glu_ref(glu, g, u));
+          glu_out[size_t(f)] = float(glu_ref(glu, g, u));
         }
-        act = rounded(act, c.down);
+        const std::vector<float> act = rounded(glu_out, c.down);
+        const std::vector<double> other = undecided(glu_out, act, c.down);
+        const size_t first_flip = ref.flips.size();
+        for (int64_t f = 0; f < F; ++f)
+          if (other[size_t(f)] != 0) ref.flips.push_back({t, std::vector<double>(size_t(E))});
         for (int64_t o = 0; o < E; ++o) {
           const std::vector<float> wd = dequant(down.w, e, o);
           double y = c.biases ? db[size_t(e * E + o)] : 0.0;
-          for (int64_t f = 0; f < F; ++f) y += double(wd[size_t(f)]) * act[size_t(f)];
-          ref[size_t(t * E + o)] += y * r.weights[size_t(t * k + j)];
+          for (int64_t f = 0, n = 0; f < F; ++f) {
+            y += double(wd[size_t(f)]) * act[size_t(f)];
+            if (other[size_t(f)] != 0) ref.flips[first_flip + size_t(n++)].delta[size_t(o)] = double(wd[size_t(f)]) * other[size_t(f)] * w;
+          }
+          ref.out[size_t(t * E + o)] += y * w;
         }
       }
     }
@@ -167,25 +208,40 @@ void check(const Case& c, uint64_t seed) {
   };
 
   for (cpu::MatmulPath path : {cpu::MatmulPath::exact, cpu::MatmulPath::quantized}) {
-    const std::vector<double> ref = reference(path == cpu::MatmulPath::quantized);
+    Reference ref = reference(path == cpu::MatmulPath::quantized);
     double rms = 0;
-    for (double v : ref) rms += v * v;
-    rms = std::sqrt(rms / double(ref.size()));
+    for (double v : ref.out) rms += v * v;
+    rms = std::sqrt(rms / double(ref.out.size()));
     ASSERT_GT(rms, 0.0);
     const cpu::Matmul be(path);
     std::vector<float> out(size_t(c.n_tok * E), std::nanf(""));
     moe_ffn(be, l, r, h.data(), c.n_tok, E, out.data(), glu);
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_TRUE(std::isfinite(out[i])) << "element " << i;
+    // Take each undecided rounding the other way where that brings the reference nearer.
+    int taken = 0;
+    for (const Flip& fl : ref.flips) {
+      double before = 0, after = 0;
+      for (int64_t o = 0; o < E; ++o) {
+        const size_t i = size_t(fl.t * E + o);
+        const double d = double(out[i]) - ref.out[i];
+        before += d * d;
+        after += (d - fl.delta[size_t(o)]) * (d - fl.delta[size_t(o)]);
+      }
+      if (after >= before) continue;
+      ++taken;
+      for (int64_t o = 0; o < E; ++o) ref.out[size_t(fl.t * E + o)] += fl.delta[size_t(o)];
+    }
     double err = 0, worst = 0;
     for (size_t i = 0; i < out.size(); ++i) {
-      const double d = double(out[i]) - ref[i];
-      ASSERT_TRUE(std::isfinite(out[i])) << "element " << i;
+      const double d = double(out[i]) - ref.out[i];
       err += d * d;
       worst = std::max(worst, std::abs(d));
     }
     const double rel = std::sqrt(err / double(out.size())) / rms;
-    const double tol = path == cpu::MatmulPath::exact ? 1e-5 : 1e-3;
+    const double tol = path == cpu::MatmulPath::exact ? 1e-5 : 1e-4;
     EXPECT_LT(rel, tol) << (path == cpu::MatmulPath::exact ? "exact" : "quantized") << " path, max |diff| "
-                        << worst << ", rms " << rms;
+                        << worst << ", rms " << rms << ", " << taken << " of " << ref.flips.size()
+                        << " undecided roundings taken the other way";
   }
 }
 
