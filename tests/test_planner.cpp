@@ -136,6 +136,38 @@ TEST(Planner, GpuTakesOutputLayersThenExperts) {
   EXPECT_GT(plan->decode.tok_per_s, cpu_only->decode.tok_per_s);
 }
 
+// Promotions into the VRAM cache are PCIe bytes beside compute: measured ones when given, else
+// gpu.max_promotions a step while VRAM holds part of the experts, none when it holds them all.
+TEST(Planner, PromotionsCrossPcieBesideCompute) {
+  const PlanModel m = toy_model();
+  HardwareLimits h = cpu_box();
+  h.gpu_gbps = 800;
+  h.gpu_tflops = 50;
+  h.pcie_h2d_gbps = 25;
+  PlanOptions o = options();
+  o.vram_scratch = 100 * MB;
+  const Config partial = config("[budgets]\nram = \"8GiB\"\nvram = 1000000000\n[gpu]\nmax_promotions = 3");
+  o.promotions_per_token = 0.0;
+  auto none = make_plan(m, partial, h, o);
+  ASSERT_TRUE(none) << none.error().message;
+  o.promotions_per_token = 2.5;
+  auto measured = make_plan(m, partial, h, o);
+  ASSERT_TRUE(measured) << measured.error().message;
+  // 2.5 experts of 10 MB at 25 GB/s
+  EXPECT_NEAR(measured->decode.pcie_s - none->decode.pcie_s, 2.5 * 10e6 / 25e9, 1e-12);
+  EXPECT_EQ(measured->decode.pcie_bytes - none->decode.pcie_bytes, uint64_t(2.5 * 10e6));
+  EXPECT_DOUBLE_EQ(measured->decode.total_s, none->decode.total_s);  // on the copy stream: compute is longer
+  o.promotions_per_token.reset();
+  auto cap = make_plan(m, partial, h, o);
+  ASSERT_TRUE(cap) << cap.error().message;
+  EXPECT_NEAR(cap->decode.pcie_s - none->decode.pcie_s, 3 * 10e6 / 25e9, 1e-12);
+  // a VRAM that holds every expert promotes nothing
+  auto all = make_plan(m, config("[budgets]\nram = \"8GiB\"\nvram = 2000000000\n[gpu]\nmax_promotions = 3"), h, o);
+  ASSERT_TRUE(all) << all.error().message;
+  EXPECT_DOUBLE_EQ(all->hit_vram, 1.0);
+  EXPECT_EQ(all->decode.pcie_bytes, 0u);
+}
+
 TEST(Planner, ErrorsNameTheKey) {
   const PlanModel m = toy_model();
   struct Case {

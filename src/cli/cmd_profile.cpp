@@ -192,6 +192,7 @@ int run_profile(const ProfileOptions& o) {
       po.hit_vram = hit_vram;
       po.hit_ram = hit_ram;
     }
+    if (engine.gpu_tier() != nullptr) po.promotions_per_token = double(tiers1.promotions - tiers0.promotions) / n;
     auto p = pm ? make_plan(*pm, config, plan_limits, po) : Result<Plan>(pm.error());
     if (p) plan = std::move(*p);
     else plan_error = p.error().message;
@@ -264,7 +265,7 @@ int run_profile(const ProfileOptions& o) {
               "  beside it, each link's busy share: GPU (the tier's device work), PCIe (its copies)%s, NVMe (a read in flight)\n",
               100 * share(cpu_ms), 100 * share(wait_ms), 100 * share(idle_ms),
               engine.gpu_tier() == nullptr ? "" : engine.gpu_tier()->on_cuda() ? ": modelled at the tier's rates, CUDA events are not read yet" : ": the simulated device's timeline");
-  std::printf("\nper token, by link: measured | predicted (strata plan, this config, the hit rates measured here)\n");
+  std::printf("\nper token, by link: measured | predicted (strata plan, this config, the hit and promotion rates measured here)\n");
   auto row = [&](const char* name, double got, double want) {
     if (plan) std::printf("  %-10s %9.3f ms | %9.3f ms  %s\n", name, got, want, got > 0 ? strfmt("(%.2fx)", want / got).c_str() : "");
     else std::printf("  %-10s %9.3f ms\n", name, got);

@@ -248,19 +248,34 @@ Result<Plan> make_plan(const PlanModel& m, const Config& c, const HardwareLimits
     if (!p.output_on_gpu && p.gpu_layers == L) handovers += 1;
   }
   const double handover_bytes = double(m.n_embd) * 4.0;
-  const double t_pcie = has_gpu ? handovers * (o.handover_us * 1e-6 + handover_bytes / (hw.pcie_h2d_gbps * 1e9)) : 0.0;
+  const double t_handover = has_gpu ? handovers * (o.handover_us * 1e-6 + handover_bytes / (hw.pcie_h2d_gbps * 1e9)) : 0.0;
+  // promotions into the VRAM cache: on the copy stream, beside compute (they never stall it)
+  double promotions = 0;
+  if (has_gpu && experts_bytes > 0) {
+    if (o.promotions_per_token) {
+      promotions = std::max(0.0, *o.promotions_per_token);
+    } else if (v < 1.0) {
+      promotions = double(c.gpu_max_promotions);
+      if (promotions > 0)
+        plan.notes.push_back(strfmt("gpu.max_promotions = %d experts promoted into VRAM every step (measured rates: strata profile)",
+                                    c.gpu_max_promotions));
+    }
+  }
+  const double promoted_bytes = moe_layers > 0 ? promotions * expert_use / double(std::max(k, 1)) / double(moe_layers) : 0.0;
+  const double t_promote = has_gpu ? promoted_bytes / (hw.pcie_h2d_gbps * 1e9) : 0.0;
   // the GPU's and the CPU's experts of a layer run side by side
   const double gpu_fixed_t = gpu_fixed / (hw.gpu_gbps > 0 ? hw.gpu_gbps * 1e9 : 1.0);
-  const double compute = gpu_fixed_t + t_cpu_fixed + std::max(t_gpu - gpu_fixed_t, t_cpu_exp) + t_pcie;
+  const double compute =
+      std::max(gpu_fixed_t + t_cpu_fixed + std::max(t_gpu - gpu_fixed_t, t_cpu_exp) + t_handover, t_promote);
   d.total_s = c.prefetch_depth > 0 ? std::max(compute, t_nvme) : compute + t_nvme;
   d.cpu_s = t_cpu_fixed + t_cpu_exp;
   d.gpu_s = has_gpu ? t_gpu : 0.0;
-  d.pcie_s = t_pcie;
+  d.pcie_s = t_handover + t_promote;
   d.nvme_s = t_nvme;
   d.tok_per_s = d.total_s > 0 ? 1.0 / d.total_s : 0.0;
   d.ram_bytes = uint64_t(cpu_fixed + ram_exp + nvme_exp);
   d.vram_bytes = uint64_t(gpu_fixed + gpu_exp);
-  d.pcie_bytes = uint64_t(handovers * handover_bytes);
+  d.pcie_bytes = uint64_t(handovers * handover_bytes + promoted_bytes);
   d.nvme_bytes = uint64_t(nvme_exp);
   if (c.prefetch_depth > 0 && t_nvme > 0)
     plan.notes.push_back(strfmt("storage.prefetch_depth = %d: NVMe reads counted as overlapped with compute (a perfect predictor)", c.prefetch_depth));

@@ -63,6 +63,10 @@ struct PlanOptions {
   // Shares of routed-expert uses that hit VRAM and RAM in decode, measured (strata replay) instead
   // of the uniform-routing default (each tier serves the share of experts it holds). Both or none.
   std::optional<double> hit_vram, hit_ram;
+  // Experts promoted into the VRAM cache per decoded token, measured; unset: gpu.max_promotions
+  // every step while the VRAM holds only part of the routed experts (the steady state of a cache
+  // that keeps finding hotter experts, as measured runs show).
+  std::optional<double> promotions_per_token;
 };
 
 struct Placement {
