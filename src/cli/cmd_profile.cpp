@@ -12,6 +12,8 @@
 #include <fstream>
 #include <memory>
 
+#include <sys/resource.h>
+
 #include "base/profiler.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -117,6 +119,8 @@ int run_profile(const ProfileOptions& o) {
   prof::take_events();
   prof::enable_tracing(!o.trace_path.empty());
   const Engine::TierStats tiers0 = engine.tier_stats();
+  rusage ru0{}, ru1{};
+  getrusage(RUSAGE_SELF, &ru0);
   std::vector<TokenMark> marks;
   int64_t wall_ns = 0;
   for (int i = 0; i < o.n_gen; ++i) {
@@ -132,23 +136,33 @@ int run_profile(const ProfileOptions& o) {
   prof::enable_tracing(false);
   prof::enable(false);
   const Engine::TierStats tiers1 = engine.tier_stats();
+  getrusage(RUSAGE_SELF, &ru1);
   const ProfileSnapshot snap = take_snapshot(m.hparams().n_layer);
   const std::vector<prof::Event> events = prof::take_events();
 
   const int n = std::max(o.n_gen, 1);
   const double wall_s = double(wall_ns) / 1e9;
   const double ms_per_token = double(wall_ns) / 1e6 / n;
-  // the links, ms per token. CPU: the host's spans less the time its threads waited on NVMe reads
-  // (summed over the threads, so divided by them); GPU and PCIe: the tier's modelled timeline;
-  // NVMe: time with a read in flight
+  // the links, ms per token. CPU: the process's CPU time over the decode (every thread: compute,
+  // the reader, the kernel's time in its system calls) per compute thread, as the operating system
+  // counts it (a span also holds time a thread is blocked: on another thread's read, at a barrier);
+  // NVMe wait: the compute threads' waits on reads (summed over the threads, so divided by them);
+  // the rest of the wall time: blocked on something else, or idle. GPU and PCIe: the tier's
+  // modelled timeline; NVMe: time with a read in flight
   auto link_ms = [&](prof::Link k) { return double(snap.link_ns[size_t(k)]) / 1e6 / n; };
+  auto tv_ms = [](const timeval& a, const timeval& b) {
+    return double(b.tv_sec - a.tv_sec) * 1e3 + double(b.tv_usec - a.tv_usec) / 1e3;
+  };
+  const double threads = std::max(pool.size(), 1);
+  const double os_user_ms = tv_ms(ru0.ru_utime, ru1.ru_utime) / n / threads;
+  const double os_sys_ms = tv_ms(ru0.ru_stime, ru1.ru_stime) / n / threads;
   const double spans_ms = double(snap.spans_ns()) / 1e6 / n;
-  const double wait_ms = link_ms(prof::Link::nvme_wait) / std::max(pool.size(), 1);
-  const double cpu_ms = std::max(0.0, link_ms(prof::Link::cpu) - wait_ms);
+  const double wait_ms = std::min(link_ms(prof::Link::nvme_wait) / threads, ms_per_token);
+  const double cpu_ms = std::min(os_user_ms + os_sys_ms, ms_per_token - wait_ms);
   const double gpu_ms = link_ms(prof::Link::gpu);
   const double pcie_ms = link_ms(prof::Link::pcie_h2d) + link_ms(prof::Link::pcie_d2h);
   const double nvme_ms = link_ms(prof::Link::nvme_read);
-  const double idle_ms = std::max(0.0, ms_per_token - spans_ms);
+  const double idle_ms = std::max(0.0, ms_per_token - cpu_ms - wait_ms);
   auto share = [&](double ms) { return ms_per_token > 0 ? ms / ms_per_token : 0.0; };
   const double spans_share = share(spans_ms);
 
@@ -225,7 +239,8 @@ int run_profile(const ProfileOptions& o) {
     j["split"] = {{"cpu", share(cpu_ms)}, {"gpu", share(gpu_ms)}, {"pcie", share(pcie_ms)}, {"nvme", share(nvme_ms)},
                   {"nvme_wait", share(wait_ms)}, {"idle", share(idle_ms)}};
     j["ms_per_token_by_link"] = {{"cpu", cpu_ms}, {"gpu", gpu_ms}, {"pcie", pcie_ms}, {"nvme", nvme_ms},
-                                 {"nvme_wait", wait_ms}, {"idle", idle_ms}};
+                                 {"nvme_wait", wait_ms}, {"idle", idle_ms}, {"os_user_per_thread", os_user_ms},
+                                 {"os_system_per_thread", os_sys_ms}};
     if (plan)
       j["predicted_ms_per_token_by_link"] = {{"cpu", p_cpu}, {"gpu", p_gpu}, {"pcie", p_pcie}, {"nvme", p_nvme},
                                              {"total", p_total}};
@@ -261,9 +276,10 @@ int run_profile(const ProfileOptions& o) {
   auto pct = [](double x) { return x > 0 && x < 0.001 ? std::string("<0.1%") : strfmt("%.1f%%", 100 * x); };
   std::printf("\nsplit of decode time: CPU %s | GPU %s | PCIe %s | NVMe %s | idle %s\n", pct(share(cpu_ms)).c_str(),
               pct(share(gpu_ms)).c_str(), pct(share(pcie_ms)).c_str(), pct(share(nvme_ms)).c_str(), pct(share(idle_ms)).c_str());
-  std::printf("  the host: CPU compute %.1f%% + waiting on NVMe reads %.1f%% + idle (outside any span) %.1f%% = 100%%;\n"
+  std::printf("  the host: CPU compute %.1f%% (its threads' CPU time: user %.1f + system %.1f ms a token per thread) + waiting on\n"
+              "  NVMe reads %.1f%% + blocked otherwise or idle %.1f%% = 100%%; the parts' spans cover %.1f%% of the wall time;\n"
               "  beside it, each link's busy share: GPU (the tier's device work), PCIe (its copies)%s, NVMe (a read in flight)\n",
-              100 * share(cpu_ms), 100 * share(wait_ms), 100 * share(idle_ms),
+              100 * share(cpu_ms), os_user_ms, os_sys_ms, 100 * share(wait_ms), 100 * share(idle_ms), 100 * spans_share,
               engine.gpu_tier() == nullptr ? "" : engine.gpu_tier()->on_cuda() ? ": modelled at the tier's rates, CUDA events are not read yet" : ": the simulated device's timeline");
   std::printf("\nper token, by link: measured | predicted (strata plan, this config, the hit and promotion rates measured here)\n");
   auto row = [&](const char* name, double got, double want) {

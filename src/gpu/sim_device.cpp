@@ -15,7 +15,9 @@ Result<SimDevice::Buffer> SimDevice::alloc(uint64_t bytes, bool backed) {
                         format_size(capacity_).c_str())};
   Buffer b;
   b.id = int(memory_.size());
-  memory_.emplace_back(backed ? new uint8_t[bytes] : nullptr);
+  // committed now, as a device's memory is: first-touch page faults would otherwise land in the
+  // first promotions into each slot (on a VM, most of the tier step's time)
+  memory_.emplace_back(backed ? new uint8_t[bytes]() : nullptr);
   live_.push_back(true);
   sizes_.push_back(bytes);
   b.data = memory_.back().get();
