@@ -1,7 +1,8 @@
 // The measurement primitives of `strata calibrate`: the disk read probe (storage/disk_probe.h) on a
 // temporary file and on an existing one, through io_uring and the pread fallback, the names it
 // gives a buffered or memory-backed measurement, its errors; and the bf16 peak probe
-// (cpu/calibrate.h). Figures are only checked to be positive: speeds are benchmarks, not tests.
+// (cpu/calibrate.h); the interleave probe (cpu/kernel_probe.h) measures exactly where the running
+// kernels interleave Q4_K. Figures are only checked to be positive: speeds are benchmarks, not tests.
 #include <gtest/gtest.h>
 
 #include <sys/statfs.h>
@@ -12,6 +13,8 @@
 #include <vector>
 
 #include "cpu/calibrate.h"
+#include "cpu/kernel_probe.h"
+#include "cpu/repack.h"
 #include "cpu/thread_pool.h"
 #include "storage/disk_probe.h"
 #include "test_support.h"
@@ -163,6 +166,21 @@ TEST(Bf16Peak, MeasuresWhatItNames) {
   } else {
     EXPECT_GT(gflops, 0) << method;
   }
+}
+
+TEST(KernelProbe, InterleaveRateWhereTheKernelsInterleaveQ4K) {
+  cpu::ThreadPool& pool = cpu::compute_pool();
+  const double gbps = cpu::measure_interleave_gbps(pool, size_t(16) << 20, 0.03);
+  Weight w;  // a 2048 x 768 Q4_K matrix, as the probe's
+  w.data = reinterpret_cast<const uint8_t*>(&w);
+  w.type = GgmlType::q4_k;
+  w.n_in = 2048;
+  w.n_out = 768;
+  w.row_bytes = 2048 / 256 * 144;
+  if (cpu::can_interleave(w))
+    EXPECT_GT(gbps, 0.0);
+  else
+    EXPECT_EQ(gbps, 0.0);
 }
 
 }  // namespace

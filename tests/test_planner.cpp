@@ -99,6 +99,20 @@ TEST(Planner, RamBudgetSpillsExpertsToNvme) {
   ASSERT_TRUE(overlapped);
   EXPECT_NEAR(overlapped->decode.total_s, std::max(overlapped->decode.cpu_s, overlapped->decode.nvme_s), 1e-12);
   EXPECT_LT(overlapped->decode.total_s, plan->decode.total_s);
+  // the CPU interleaves each expert it reads (cpu.repack) at hardware.repack_gbps: CPU time per
+  // byte read, in decode and prefill; unknown, it is not counted and a note says so
+  HardwareLimits h = cpu_box();
+  h.repack_gbps = 10;
+  auto repacked = make_plan(m, c, h, options());
+  ASSERT_TRUE(repacked);
+  EXPECT_NEAR(repacked->decode.cpu_s - plan->decode.cpu_s, nvme_bytes / 10e9, 1e-12);
+  EXPECT_GT(repacked->prefill.cpu_s, plan->prefill.cpu_s);
+  bool noted = false;
+  for (const auto& n : plan->notes) noted |= n.find("hardware.repack_gbps unknown") != std::string::npos;
+  EXPECT_TRUE(noted);
+  auto file_layout = make_plan(m, config("[budgets]\nram = 1000000000\n[storage]\nprefetch_depth = 0\n[cpu]\nrepack = false"), h, options());
+  ASSERT_TRUE(file_layout);
+  EXPECT_NEAR(file_layout->decode.cpu_s, plan->decode.cpu_s, 1e-15);
 }
 
 TEST(Planner, GpuTakesOutputLayersThenExperts) {

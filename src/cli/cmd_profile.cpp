@@ -18,6 +18,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cpu/calibrate.h"
+#include "cpu/kernel_probe.h"
 #include "cpu/kernels.h"
 #include "cpu/thread_pool.h"
 #include "engine/gpu_tier.h"
@@ -194,6 +195,8 @@ int run_profile(const ProfileOptions& o) {
     if (plan_limits.pcie_h2d_gbps <= 0) plan_limits.pcie_h2d_gbps = g->costs().pcie_gbps;
   }
   if (plan_limits.cpu_int8_gops <= 0) plan_limits.cpu_int8_gops = cpu::measure_int8_peak_gops(pool);
+  if (plan_limits.repack_gbps <= 0 && config.repack && engine.expert_store() != nullptr)
+    plan_limits.repack_gbps = cpu::measure_interleave_gbps(pool, size_t(256) << 20, 0.3);
   if (plan_limits.ram_bytes == 0) plan_limits.ram_bytes = system_memory().total;
   std::optional<Plan> plan;
   std::string plan_error;
@@ -254,7 +257,8 @@ int run_profile(const ProfileOptions& o) {
     j["bytes_per_token"] = {{"ram_to_cpu", weight_bytes + kv_bytes}, {"weights", weight_bytes}, {"kv_cache", kv_bytes},
                             {"pcie", pcie_bytes}, {"nvme", nvme_bytes}, {"ram_gbps_achieved", cpu_gbps},
                             {"ram_fraction_of_limit", limits.dram_gbps > 0 ? cpu_gbps / limits.dram_gbps : 0.0},
-                            {"pcie_gbps_achieved", pcie_gbps}, {"nvme_gbps_achieved", nvme_gbps}};
+                            {"pcie_gbps_achieved", pcie_gbps}, {"nvme_gbps_achieved", nvme_gbps},
+                            {"repack_gbps", plan_limits.repack_gbps}};
     nlohmann::json layers = nlohmann::json::array();
     for (size_t li = 0; li < snap.layer_ns.size(); ++li) {
       nlohmann::json row = nlohmann::json::object();
@@ -317,7 +321,10 @@ int run_profile(const ProfileOptions& o) {
   if (engine.expert_store() != nullptr)
     std::printf("  NVMe        %s at %.2f GB/s while reading = %.2f of the disk's %.2f GB/s\n", format_bytes(nvme_bytes).c_str(),
                 nvme_gbps, plan_limits.nvme_gbps > 0 ? nvme_gbps / plan_limits.nvme_gbps : 0.0, plan_limits.nvme_gbps);
-  else
+  if (engine.expert_store() != nullptr && plan_limits.repack_gbps > 0 && config.repack)
+    std::printf("              interleaved by the CPU threads for the kernels: %.1f GB/s by the probe (hardware.repack_gbps), %.1f ms a token\n",
+                plan_limits.repack_gbps, nvme_bytes / (plan_limits.repack_gbps * 1e9) * 1e3);
+  else if (engine.expert_store() == nullptr)
     std::printf("  NVMe        0 B (the routed experts are in RAM: budgets.ram holds the model)\n");
 
   std::printf("\nper layer, ms per token (A attention, R router, E experts, S shared/dense ffn):\n");

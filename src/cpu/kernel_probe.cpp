@@ -1,11 +1,13 @@
 #include "cpu/kernel_probe.h"
 
+#include <atomic>
 #include <chrono>
 #include <random>
 #include <vector>
 
 #include "cpu/ops.h"
 #include "cpu/quant_blocks.h"
+#include "cpu/repack.h"
 #include "cpu/weights.h"
 
 namespace strata::cpu {
@@ -74,6 +76,32 @@ double measure_weights_gbps(ThreadPool& pool, size_t bytes, double seconds) {
       read += kBatch * mat_bytes;
     }
     best = std::max(best, double(read) / since(t0) / 1e9);
+  }
+  return best;
+}
+
+double measure_interleave_gbps(ThreadPool& pool, size_t bytes, double seconds) {
+  const size_t mat_bytes = size_t(kOut) * size_t(kIn / QK_K) * sizeof(block_q4_K);
+  const int64_t n_mat = std::max<int64_t>(4 * pool.size(), int64_t(bytes / mat_bytes));
+  Stack s(pool, n_mat);
+  if (!can_interleave(s.w.slice(0))) return 0.0;
+  double best = 0;
+  for (int pass = 0; pass < 3; ++pass) {
+    std::atomic<int64_t> done{0};
+    const auto t0 = std::chrono::steady_clock::now();
+    pool.run(pool.size(), [&](int64_t task, int) {
+      std::mt19937 rng(uint32_t(100 * pass + task));
+      int64_t n = 0;
+      while (since(t0) < seconds / 3) {
+        // the bytes' content does not matter to the rate: a matrix already interleaved is
+        // interleaved again as if it were in the file's layout
+        Weight w = s.w.slice(int64_t(rng() % uint64_t(n_mat)));
+        interleave(w, const_cast<uint8_t*>(w.data), /*on_pool=*/false);
+        ++n;
+      }
+      done.fetch_add(n, std::memory_order_relaxed);
+    });
+    best = std::max(best, double(done.load()) * double(mat_bytes) / since(t0) / 1e9);
   }
   return best;
 }

@@ -13,6 +13,12 @@ namespace strata::cpu {
 // about `seconds`.
 double measure_weights_gbps(ThreadPool& pool, size_t bytes = size_t(512) << 20, double seconds = 0.6);
 
+// GB/s of Q4_K expert matrices (2048 x 768, from a `bytes` stack far larger than the caches)
+// interleaved in place for the tile kernels (cpu/repack.h), each thread of the pool interleaving
+// matrices of its own on its own thread, as the NVMe tier does each expert it reads: the rate of
+// all of them together. 0 where the running kernels have no interleaved layout for Q4_K.
+double measure_interleave_gbps(ThreadPool& pool, size_t bytes = size_t(512) << 20, double seconds = 0.6);
+
 // GOP/s (2 per multiply-add) of Q4_K GEMMs: 2048 x 768 matrices times 64 activation rows, for about
 // `seconds`.
 double measure_gemm_gops(ThreadPool& pool, double seconds = 0.6);

@@ -236,8 +236,13 @@ Result<Plan> make_plan(const PlanModel& m, const Config& c, const HardwareLimits
     plan.notes.push_back("CPU times are the kernel-bound upper bound: hardware.cpu_decode_efficiency / "
                          "cpu_prefill_efficiency unknown (strata calibrate -m MODEL measures them)");
   const double t_cpu_fixed = cpu_fixed / (ram_gbps * 1e9) / eff_d;
-  // NVMe experts are computed from RAM once read
-  const double t_cpu_exp = (ram_exp + nvme_exp) / (ram_gbps * 1e9) / eff_d;
+  // NVMe experts are computed from RAM once read, after the CPU threads interleave them for the
+  // kernels (cpu.repack, where the kernels have such a layout: hardware.repack_gbps > 0)
+  const double repack_s_per_byte = c.repack && hw.repack_gbps > 0 ? 1.0 / (hw.repack_gbps * 1e9) : 0.0;
+  if (c.repack && hw.repack_gbps <= 0 && experts_bytes > 0 && (miss > 0 || hm > 0))
+    plan.notes.push_back("hardware.repack_gbps unknown: the CPU's interleave of each expert read from NVMe is not "
+                         "counted (strata calibrate measures it; 0 where the kernels read the file's layout)");
+  const double t_cpu_exp = (ram_exp + nvme_exp) / (ram_gbps * 1e9) / eff_d + nvme_exp * repack_s_per_byte;
   const double t_nvme = nvme_exp > 0 ? nvme_exp / (hw.nvme_gbps * 1e9) : 0.0;
   // hand-overs of the hidden state: around every MoE layer whose experts are split between GPU and
   // CPU, and at the boundary between GPU and CPU layers
@@ -318,6 +323,7 @@ Result<Plan> make_plan(const PlanModel& m, const Config& c, const HardwareLimits
       t_pf_cpu += host_experts * cpu_t;
     }
     if (miss > 0) {
+      t_pf_cpu += used * miss * S * repack_s_per_byte;
       t_pf_nvme += used * miss * S / (hw.nvme_gbps * 1e9);
       pf_nvme_bytes += used * miss * S;
     }
