@@ -46,6 +46,16 @@ HardwareLimits cpu_box() {
   return h;
 }
 
+// the same with a 24 GiB GPU: 800 GB/s, 50 TFLOP/s, PCIe 25 GB/s
+HardwareLimits gpu_box() {
+  HardwareLimits h = cpu_box();
+  h.gpu_gbps = 800;
+  h.gpu_tflops = 50;
+  h.pcie_h2d_gbps = 25;
+  h.vram_bytes = 24ull << 30;
+  return h;
+}
+
 PlanOptions options() {
   PlanOptions o;
   o.ctx = 1000;
@@ -117,11 +127,7 @@ TEST(Planner, RamBudgetSpillsExpertsToNvme) {
 
 TEST(Planner, GpuTakesOutputLayersThenExperts) {
   const PlanModel m = toy_model();
-  HardwareLimits h = cpu_box();
-  h.gpu_gbps = 800;
-  h.gpu_tflops = 50;
-  h.pcie_h2d_gbps = 25;
-  h.vram_bytes = 24ull << 30;
+  const HardwareLimits h = gpu_box();
   PlanOptions o = options();
   o.vram_scratch = 100 * MB;
   // 1 GB: 100 MB scratch, 40 MB output, 4 x (100 MB + 1 MB KV) layers, 456 MB of experts
@@ -154,10 +160,7 @@ TEST(Planner, GpuTakesOutputLayersThenExperts) {
 // gpu.max_promotions a step while VRAM holds part of the experts, none when it holds them all.
 TEST(Planner, PromotionsCrossPcieBesideCompute) {
   const PlanModel m = toy_model();
-  HardwareLimits h = cpu_box();
-  h.gpu_gbps = 800;
-  h.gpu_tflops = 50;
-  h.pcie_h2d_gbps = 25;
+  const HardwareLimits h = gpu_box();
   PlanOptions o = options();
   o.vram_scratch = 100 * MB;
   const Config partial = config("[budgets]\nram = \"8GiB\"\nvram = 1000000000\n[gpu]\nmax_promotions = 3");
