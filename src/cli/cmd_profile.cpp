@@ -318,14 +318,15 @@ int run_profile(const ProfileOptions& o) {
                 pcie_gbps, engine.gpu_tier()->costs().pcie_gbps);
   else
     std::printf("  PCIe        0 B (no GPU tier: budgets.vram = 0)\n");
-  if (engine.expert_store() != nullptr)
+  if (engine.expert_store() != nullptr) {
     std::printf("  NVMe        %s at %.2f GB/s while reading = %.2f of the disk's %.2f GB/s\n", format_bytes(nvme_bytes).c_str(),
                 nvme_gbps, plan_limits.nvme_gbps > 0 ? nvme_gbps / plan_limits.nvme_gbps : 0.0, plan_limits.nvme_gbps);
-  if (engine.expert_store() != nullptr && plan_limits.repack_gbps > 0 && config.repack)
-    std::printf("              interleaved by the CPU threads for the kernels: %.1f GB/s by the probe (hardware.repack_gbps), %.1f ms a token\n",
-                plan_limits.repack_gbps, nvme_bytes / (plan_limits.repack_gbps * 1e9) * 1e3);
-  else if (engine.expert_store() == nullptr)
+    if (config.repack && plan_limits.repack_gbps > 0)
+      std::printf("              interleaved by the CPU threads for the kernels: %.1f GB/s by the probe (hardware.repack_gbps), %.1f ms a token\n",
+                  plan_limits.repack_gbps, nvme_bytes / (plan_limits.repack_gbps * 1e9) * 1e3);
+  } else {
     std::printf("  NVMe        0 B (the routed experts are in RAM: budgets.ram holds the model)\n");
+  }
 
   std::printf("\nper layer, ms per token (A attention, R router, E experts, S shared/dense ffn):\n");
   double max_ms = 0;

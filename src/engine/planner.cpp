@@ -267,7 +267,7 @@ Result<Plan> make_plan(const PlanModel& m, const Config& c, const HardwareLimits
     }
   }
   const double promoted_bytes = moe_layers > 0 ? promotions * expert_use / double(std::max(k, 1)) / double(moe_layers) : 0.0;
-  const double t_promote = has_gpu ? promoted_bytes / (hw.pcie_h2d_gbps * 1e9) : 0.0;
+  const double t_promote = promoted_bytes > 0 ? promoted_bytes / (hw.pcie_h2d_gbps * 1e9) : 0.0;
   // the GPU's and the CPU's experts of a layer run side by side
   const double gpu_fixed_t = gpu_fixed / (hw.gpu_gbps > 0 ? hw.gpu_gbps * 1e9 : 1.0);
   const double compute =
