@@ -10,6 +10,7 @@ packages=(
   libhwloc-dev liburing-dev                    # topology / NUMA binding, io_uring block reader
   libxsimd-dev libdnnl-dev                     # portable SIMD, large CPU matmuls
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libpcre2-dev libcpp-httplib-dev
+  python3 python3-jinja2                       # the chat-template oracle (tests/jinja)
 )
 
 missing=()
