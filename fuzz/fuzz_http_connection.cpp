@@ -46,9 +46,9 @@ struct Fixture {
     scheduler = std::make_unique<server::Scheduler>(*model, *tok, so);
     server::HttpOptions ho;
     ho.max_body = 64 << 10;
-    open = std::make_unique<server::HttpServer>(*scheduler, *tok, ChatFormat::chatml, "tiny", summary, ho);
+    open = std::make_unique<server::HttpServer>(*scheduler, *tok, ChatTemplate::builtin(ChatFormat::chatml), "tiny", summary, ho);
     ho.api_key = "sk-fuzz";
-    keyed = std::make_unique<server::HttpServer>(*scheduler, *tok, ChatFormat::chatml, "tiny", summary, ho);
+    keyed = std::make_unique<server::HttpServer>(*scheduler, *tok, ChatTemplate::builtin(ChatFormat::chatml), "tiny", summary, ho);
   }
 };
 

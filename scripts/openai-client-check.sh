@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The official OpenAI client library (the `openai` npm package, pinned in tests/openai-client)
-# against `strata serve` on the bundled model: a plain and a streamed chat completion, a text
-# completion and a refused bad request. Runs when Node.js and npm are present (CI calls it through
+# against `strata serve` on the bundled model: a plain and a streamed chat completion, a forced
+# tool call plain and streamed and its result sent back, a text completion and a refused bad request. Runs when Node.js and npm are present (CI calls it through
 # scripts/test.sh); says SKIPPED and exits 0 when they are not, or when the npm registry cannot
 # be reached to install the package.
 set -euo pipefail
@@ -26,7 +26,8 @@ if [ ! -d "$work/node_modules/openai" ]; then
   fi
 fi
 log="$work/serve.log"
-"$strata" serve --port 0 --ctx 512 > "$log" 2>&1 &
+# Qwen3's own template (the bundled model has none): tools, tool calls and reasoning
+"$strata" serve --port 0 --ctx 2048 --chat-template-file tests/data/chat/templates/Qwen-Qwen3-0.6B.jinja > "$log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true' EXIT
 port=""

@@ -5,31 +5,51 @@
 namespace strata {
 namespace {
 
-// Fragments of the real templates shipped in the GGUFs of these families.
-constexpr const char* kQwen3 =
-    "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + "
-    "'<|im_end|>' + '\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}";
-constexpr const char* kQwen2 = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n'}}";
-constexpr const char* kDeepSeek3 =
-    "{{bos_token}}{{ns.system_prompt}}{%- if message['role'] == 'user' %}{{'<｜User｜>' + "
-    "message['content']}}{%- endif %}{{'<｜Assistant｜>'}}";
+TEST(ChatTemplate, RendersItsJinjaSourceWithTheVariablesOfApplyChatTemplate) {
+  auto t = ChatTemplate::from_source(
+      "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+      "{% if tools is defined %}[{{ tools | length }} tools]{% endif %}"
+      "{% if add_generation_prompt %}<assistant>{% if enable_thinking is false %}<no-think>{% endif %}{% endif %}",
+      "<s>", "</s>");
+  ASSERT_TRUE(t.ok()) << t.error().message;
+  EXPECT_TRUE(t->is_jinja());
+  ChatInput in;
+  in.messages = jinja::Json::parse(R"([{"role": "user", "content": "hi"}])");
+  EXPECT_EQ(*t->render(in), "<s><user>hi<assistant>");
+  in.tools = jinja::Json::parse(R"([{"type": "function", "function": {"name": "f"}}])");
+  in.kwargs["enable_thinking"] = false;
+  in.add_generation_prompt = true;
+  EXPECT_EQ(*t->render(in), "<s><user>hi[1 tools]<assistant><no-think>");
+  // the extra keyword arguments cannot replace the conversation itself
+  in.kwargs["messages"] = "not these";
+  EXPECT_EQ(*t->render(in), "<s><user>hi[1 tools]<assistant><no-think>");
+}
 
-constexpr const char* kHarmony =
-    "{{- '<|start|>system<|message|>' }}{%- if message.role == 'assistant' %}{{- '<|start|>assistant"
-    "<|channel|>final<|message|>' + message.content + '<|end|>' }}";
+TEST(ChatTemplate, TemplateErrorsAreErrorsWithTheTemplatesMessage) {
+  auto t = ChatTemplate::from_source(
+      "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools here') }}{% endif %}"
+      "{{ m.content }}{% endfor %}",
+      "", "");
+  ASSERT_TRUE(t.ok());
+  ChatInput in;
+  in.messages = jinja::Json::parse(R"([{"role": "tool", "content": "x"}])");
+  auto r = t->render(in);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().message, "no tools here");
+  auto bad = ChatTemplate::from_source("{% for m in messages %}{{ m.content }}", "", "");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("chat template"), std::string::npos) << bad.error().message;
+}
 
-TEST(ChatTemplate, DetectsFamilies) {
-  EXPECT_EQ(*detect_chat_format(kHarmony), ChatFormat::harmony);
-  EXPECT_EQ(*detect_chat_format(kQwen3), ChatFormat::qwen3);
-  EXPECT_EQ(*detect_chat_format(kQwen2), ChatFormat::chatml);
-  EXPECT_EQ(*detect_chat_format(kDeepSeek3), ChatFormat::deepseek3);
-  EXPECT_EQ(*detect_chat_format(""), ChatFormat::raw);
-  auto unknown = detect_chat_format("{{ '[INST] ' + message }}");
-  ASSERT_FALSE(unknown.ok());
-  EXPECT_NE(unknown.error().message.find("--raw"), std::string::npos);
+TEST(ChatTemplate, BuiltinFormatsByName) {
   EXPECT_FALSE(chat_format_from_name("jinja").ok());
   EXPECT_EQ(*chat_format_from_name("deepseek3"), ChatFormat::deepseek3);
+  const ChatTemplate t = ChatTemplate::builtin(ChatFormat::chatml);
+  EXPECT_FALSE(t.is_jinja());
+  EXPECT_EQ(t.name(), "chatml");
+  ChatInput in;
+  in.messages = jinja::Json::parse(R"([{"role": "user", "content": "hi"}])");
+  EXPECT_EQ(*t.render(in), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
 }
 
 TEST(ChatTemplate, Qwen3WithAndWithoutThinking) {

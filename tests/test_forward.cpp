@@ -262,11 +262,29 @@ TEST(Forward, DeepSeek4LongContextBatchSequentialChunks) {
   EXPECT_LT(max_diff(std::span<const float>(r->data(), size_t(V)), 139), 1e-4f);
   EXPECT_LT(max_diff(std::span<const float>(r->data() + V, size_t(V)), 8), 1e-4f);
 
-  // truncation inside what the compressors held: the session resumes from 0 and says so
+  // truncation inside the blocks still open (299: the ratio-4 block [296, 300) and the ratio-128
+  // one [256, 384)): the rings still hold those tokens, the session resumes there
+  EXPECT_EQ(batch.truncate(298), 298);
+  auto tail = batch.eval(std::span<const int32_t>(ids.data() + 298, 2));
+  ASSERT_TRUE(tail.ok());
+  EXPECT_LT(max_diff(*tail, 299), 1e-4f);
+  // further back, what the compressors held is gone: the session resumes from 0 and says so
   EXPECT_EQ(batch.truncate(200), 0);
   auto again = batch.eval(std::span<const int32_t>(ids.data(), 201));
   ASSERT_TRUE(again.ok());
   EXPECT_LT(max_diff(*again, 200), 1e-4f);
+
+  // a checkpoint (the server's at each prompt's end): a session that went on with other tokens
+  // resumes there, and continues as if it had never left
+  Session cp(m, 320, cpu::MatmulPath::exact);
+  ASSERT_TRUE(cp.eval(std::span<const int32_t>(ids.data(), 150)).ok());
+  cp.checkpoint();
+  ASSERT_TRUE(cp.eval(std::span<const int32_t>(other.data() + 150, 60)).ok());
+  EXPECT_EQ(cp.truncate(170), 150);
+  auto resumed = cp.eval(std::span<const int32_t>(ids.data() + 150, N - 150));
+  ASSERT_TRUE(resumed.ok());
+  EXPECT_LT(max_diff(*resumed, N - 1), 1e-4f);
+  EXPECT_EQ(cp.truncate(100), 0);  // below the checkpoint: from the start
 }
 
 }  // namespace

@@ -23,7 +23,8 @@ namespace {
 struct ChatCliOptions {
   CommonOptions common;
   std::string system;
-  std::string template_name;  // overrides the GGUF's template
+  std::string template_name;
+  std::string template_file;  // overrides the GGUF's template
   bool raw = false;
   bool no_think = false;
   DraftOptions draft;
@@ -46,21 +47,11 @@ int run_chat(ChatCliOptions o) {
   auto tok = Tokenizer::from_gguf(m.file());
   if (!tok) return fail(tok.error().message);
 
-  ChatFormat format = ChatFormat::raw;
-  if (!o.raw) {
-    Result<ChatFormat> f = ChatFormat::raw;
-    if (!o.template_name.empty()) {
-      f = chat_format_from_name(o.template_name);
-    } else {
-      auto t = m.file().get_string("tokenizer.chat_template");
-      if (!t) return fail(t.error().message);
-      f = detect_chat_format(t->value_or(""));
-      if (f.ok() && !t->has_value())
-        std::fprintf(stderr, "strata chat: the model has no chat template; turns are concatenated as raw text\n");
-    }
-    if (!f) return fail(f.error().message);
-    format = *f;
-  }
+  auto tmpl = load_chat_template(m.file(), *tok, o.template_file, o.raw ? "raw" : o.template_name);
+  if (!tmpl) return fail(tmpl.error().message);
+  if (!o.raw && o.template_file.empty() && o.template_name.empty() && !tmpl->is_jinja())
+    std::fprintf(stderr, "strata chat: the model has no chat template; turns are concatenated as raw text\n");
+  const bool raw = !tmpl->is_jinja() && tmpl->name() == "raw";
   // a chat allocates its whole context up front: 4096 positions unless model.ctx says otherwise
   const int ctx = int(context_limit(m, engine.config(), 4096));
   Session session(engine, ctx, cpu::MatmulPath::quantized, engine.config().kv_type);
@@ -71,19 +62,21 @@ int run_chat(ChatCliOptions o) {
   o.gen.drafter = drafter->get();
   o.gen.max_draft = o.draft.max;
   std::fprintf(stderr, "strata chat: %s, template %s, context %d; an empty line or end of input ends the chat\n",
-               engine.config().model_path.c_str(), chat_format_name(format).data(), ctx);
+               engine.config().model_path.c_str(), tmpl->name().c_str(), ctx);
 
-  std::vector<ChatMessage> messages;
-  if (!o.system.empty()) messages.push_back({"system", o.system});
+  ChatInput in;
+  if (!o.system.empty()) in.messages.push_back({{"role", "system"}, {"content", o.system}});
+  if (o.no_think) in.kwargs["enable_thinking"] = false;
   std::vector<TokenId> cached;  // the tokens the session holds, in order
   std::string line;
   while (true) {
     std::fprintf(stderr, "> ");
     if (!std::getline(std::cin, line) || line.empty()) break;
-    messages.push_back({"user", line});
-    const std::string prompt = format_chat(format, messages, {.thinking = !o.no_think});
+    in.messages.push_back({{"role", "user"}, {"content", line}});
+    const auto prompt = tmpl->render(in);
+    if (!prompt) return fail("the chat template: " + prompt.error().message);
     // the template spells out BOS where it wants one; raw text gets the vocab's own BOS
-    std::vector<TokenId> ids = tok->tokenize(prompt, format == ChatFormat::raw, true);
+    std::vector<TokenId> ids = tok->tokenize(*prompt, raw, true);
     size_t common = 0;
     while (common < cached.size() && common < ids.size() && cached[common] == ids[common]) ++common;
     if (int64_t(ids.size()) + o.gen.n_predict > ctx) {
@@ -104,7 +97,11 @@ int run_chat(ChatCliOptions o) {
     // the cache now holds the prompt and the generated tokens except the last one sampled
     cached = history;
     if (int64_t(cached.size()) > session.n_past()) cached.resize(size_t(session.n_past()));
-    messages.push_back({"assistant", r->text});
+    // the reply goes back as the template expects it: reasoning apart from the answer
+    const Reply reply = parse_reply(tmpl->reply_syntax(), r->text, prompt_opens_reasoning(tmpl->reply_syntax(), *prompt));
+    jinja::Json turn = {{"role", "assistant"}, {"content", reply.content}};
+    if (!reply.reasoning.empty()) turn["reasoning_content"] = reply.reasoning;
+    in.messages.push_back(turn);
     std::fprintf(stderr, "[%d tokens, %.2f tok/s", r->n_generated,
                  r->n_generated > 1 ? (r->n_generated - 1) / r->decode_seconds : 0.0);
     if (r->n_drafted > 0) std::fprintf(stderr, ", %d of %d drafts accepted", r->n_accepted, r->n_drafted);
@@ -121,7 +118,9 @@ Runner add_chat_command(CLI::App& app) {
   add_common(sub, o->common);
   add_draft_options(sub, o->draft);
   sub->add_option("-s,--system", o->system, "system message");
-  sub->add_option("--template", o->template_name, "chat format instead of the GGUF's: qwen3, chatml, deepseek3, harmony, raw");
+  sub->add_option("--chat-template-file", o->template_file, "a Jinja chat template to use instead of the GGUF's");
+  sub->add_option("--template", o->template_name,
+                  "a built-in chat format for GGUFs without a template: qwen3, chatml, deepseek3, harmony, raw");
   sub->add_flag("--raw", o->raw, "no template: turns are concatenated as raw text");
   sub->add_flag("--no-think", o->no_think, "qwen3: answer without a thinking block");
   sub->add_option("-n,--n-predict", o->gen.n_predict, "most tokens per reply")->check(CLI::PositiveNumber);

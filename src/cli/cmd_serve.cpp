@@ -20,6 +20,7 @@ struct ServeOptions {
   std::optional<std::string> api_key;
   std::optional<int> max_sequences;
   std::string template_name;
+  std::string template_file;
   std::string alias;
   DraftOptions draft;
 };
@@ -50,23 +51,15 @@ int run_serve(ServeOptions o) {
   const Model& m = engine.model();
   auto tok = Tokenizer::from_gguf(m.file());
   if (!tok) return fail(tok.error().message);
-  ChatFormat format = ChatFormat::raw;
-  if (!o.template_name.empty()) {
-    auto f = chat_format_from_name(o.template_name);
-    if (!f) return fail(f.error().message);
-    format = *f;
-  } else {
-    auto t = m.file().get_string("tokenizer.chat_template");
-    if (!t) return fail(t.error().message);
-    auto f = detect_chat_format(t->value_or(""));
-    if (!f) return fail(f.error().message + " (use --template)");
-    format = *f;
-  }
+  auto chat_template = load_chat_template(m.file(), *tok, o.template_file, o.template_name);
+  if (!chat_template) return fail(chat_template.error().message);
   server::SchedulerOptions so;
   so.max_sequences = c.max_sequences;
   so.max_queue = c.max_queue;
   so.ctx = int(context_limit(m, c, 4096));
   so.kv_type = c.kv_type;
+  so.cache_prompt = c.cache_prompt;
+  so.prefill_chunk = c.prefill_chunk;
   if (o.draft.drafter == "mtp" && m.mtp == nullptr) return fail("--draft mtp: " + m.mtp_error);
   so.drafter = o.draft.drafter.empty() ? "none" : o.draft.drafter;
   so.max_draft = o.draft.max;
@@ -81,7 +74,8 @@ int run_serve(ServeOptions o) {
     id = c.model_path.substr(c.model_path.rfind('/') == std::string::npos ? 0 : c.model_path.rfind('/') + 1);
     if (id.size() > 5 && id.substr(id.size() - 5) == ".gguf") id.resize(id.size() - 5);
   }
-  server::HttpServer http(scheduler, *tok, format, id, engine.summary(), ho);
+  const std::string template_name = chat_template->name();
+  server::HttpServer http(scheduler, *tok, std::move(*chat_template), id, engine.summary(), ho);
   auto port = http.bind();
   if (!port) return fail(port.error().message);
   g_server = &http;
@@ -90,7 +84,7 @@ int run_serve(ServeOptions o) {
   std::signal(SIGTERM, on_signal);
   std::fprintf(stderr,
                "strata serve: model '%s' (template %s) on http://%s:%d/v1: %d sequences of %d tokens, queue %d%s%s\n",
-               id.c_str(), std::string(chat_format_name(format)).c_str(), ho.host.c_str(), *port, so.max_sequences,
+               id.c_str(), template_name.c_str(), ho.host.c_str(), *port, so.max_sequences,
                so.ctx, so.max_queue, ho.api_key.empty() ? "" : ", API key required",
                so.drafter == "none" ? "" : strfmt(", drafts: %s up to %d", so.drafter.c_str(), so.max_draft).c_str());
   http.run();
@@ -111,7 +105,9 @@ Runner add_serve_command(CLI::App& app) {
   sub->add_option("--api-key", o->api_key, "require Authorization: Bearer KEY (server.api_key)");
   sub->add_option("--max-sequences", o->max_sequences, "sequences decoded together (server.max_sequences; default 4)")
       ->check(CLI::Range(1, 256));
-  sub->add_option("--template", o->template_name, "chat format instead of the GGUF's: qwen3, chatml, deepseek3, harmony, raw");
+  sub->add_option("--chat-template-file", o->template_file, "a Jinja chat template to use instead of the GGUF's");
+  sub->add_option("--template", o->template_name,
+                  "a built-in chat format for GGUFs without a template: qwen3, chatml, deepseek3, harmony, raw");
   sub->add_option("--alias", o->alias, "model id reported by /v1/models (default: the file name)");
   add_draft_options(sub, o->draft);
   return [o] { return run_serve(*o); };

@@ -21,5 +21,6 @@ Runner add_profile_command(CLI::App& app);
 Runner add_plan_command(CLI::App& app);
 Runner add_calibrate_command(CLI::App& app);
 Runner add_serve_command(CLI::App& app);
+Runner add_template_command(CLI::App& app);
 
 }  // namespace strata::cli

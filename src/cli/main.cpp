@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
       {"plan", strata::cli::add_plan_command},
       {"calibrate", strata::cli::add_calibrate_command},
       {"serve", strata::cli::add_serve_command},
+      {"template", strata::cli::add_template_command},
   };
   for (const auto& [name, add] : built) {
     strata::cli::Runner r = add(app);

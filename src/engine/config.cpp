@@ -56,6 +56,12 @@ std::optional<std::string> read_int(const toml::node& n, int lo, int hi, int& ou
   return std::nullopt;
 }
 
+std::optional<std::string> read_bool(const toml::node& n, bool& out) {
+  if (!n.is_boolean()) return "must be true or false, got " + describe(n);
+  out = *n.value<bool>();
+  return std::nullopt;
+}
+
 std::optional<std::string> read_number(const toml::node& n, double& out) {
   const auto v = n.value<double>();
   if (!(n.is_integer() || n.is_floating_point()) || !v || !std::isfinite(*v) || *v < 0)
@@ -141,11 +147,7 @@ const std::vector<KeySpec>& key_specs() {
       {"budgets", "vram", "GPU memory strata may use (0: no GPU tier)",
        [](const toml::node& n, Config& c) { return read_size(n, c.vram_budget); }},
       {"gpu", "simulate", "run the GPU tier's expert cache on the simulated device (host memory under budgets.vram)",
-       [](const toml::node& n, Config& c) -> std::optional<std::string> {
-         if (!n.is_boolean()) return "must be true or false, got " + describe(n);
-         c.gpu_simulate = *n.value<bool>();
-         return std::nullopt;
-       }},
+       [](const toml::node& n, Config& c) { return read_bool(n, c.gpu_simulate); }},
       {"gpu", "max_promotions", "hot experts copied into the VRAM cache per decode step at most (PCIe it may take)",
        [](const toml::node& n, Config& c) { return read_int(n, 0, 4096, c.gpu_max_promotions); }},
       {"gpu", "heat_file", "routing statistics: read at start to fill the VRAM cache at once, written at exit (\"\": none)",
@@ -153,17 +155,9 @@ const std::vector<KeySpec>& key_specs() {
       {"cpu", "threads", "compute threads (0: one per physical core)",
        [](const toml::node& n, Config& c) { return read_int(n, 0, 4096, c.threads); }},
       {"cpu", "pin", "pin compute threads to cores (hwloc)",
-       [](const toml::node& n, Config& c) -> std::optional<std::string> {
-         if (!n.is_boolean()) return "must be true or false, got " + describe(n);
-         c.pin = *n.value<bool>();
-         return std::nullopt;
-       }},
+       [](const toml::node& n, Config& c) { return read_bool(n, c.pin); }},
       {"cpu", "repack", "rewrite weights read into RAM into the kernels' faster layouts",
-       [](const toml::node& n, Config& c) -> std::optional<std::string> {
-         if (!n.is_boolean()) return "must be true or false, got " + describe(n);
-         c.repack = *n.value<bool>();
-         return std::nullopt;
-       }},
+       [](const toml::node& n, Config& c) { return read_bool(n, c.repack); }},
       {"numa", "policy", "where routed experts and compute threads go: shard, interleave or node:N (docs/numa.md)",
        [](const toml::node& n, Config& c) -> std::optional<std::string> {
          std::string v;
@@ -187,6 +181,10 @@ const std::vector<KeySpec>& key_specs() {
        [](const toml::node& n, Config& c) { return read_int(n, 1, 256, c.max_sequences); }},
       {"server", "max_queue", "requests waiting for a sequence slot before new ones are refused (429)",
        [](const toml::node& n, Config& c) { return read_int(n, 0, 100000, c.max_queue); }},
+      {"server", "cache_prompt", "reuse the longest common token prefix a free slot holds (prompt cache)",
+       [](const toml::node& n, Config& c) { return read_bool(n, c.cache_prompt); }},
+      {"server", "prefill_chunk", "prompt tokens evaluated per step beside the other sequences' decodes (0: all at once)",
+       [](const toml::node& n, Config& c) { return read_int(n, 0, 1 << 20, c.prefill_chunk); }},
       {"server", "max_body", "largest request body accepted (413 above)",
        [](const toml::node& n, Config& c) { return read_size(n, c.max_body); }},
       {"server", "api_key", "require Authorization: Bearer KEY (empty: no key)",

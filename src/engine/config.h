@@ -85,6 +85,8 @@ struct Config {
   int port = 8080;
   int max_sequences = 4;  // sequences decoded together (continuous batching)
   int max_queue = 16;     // requests waiting for a slot before new ones get 429
+  bool cache_prompt = true;  // a request reuses the longest prompt prefix a free slot holds
+  int prefill_chunk = 512;   // prompt tokens evaluated per step (0: a whole prompt at once)
   uint64_t max_body = uint64_t(4) << 20;
   std::string api_key;    // empty: none
 

@@ -142,15 +142,52 @@ Result<std::vector<float>> Session::eval_batch(std::span<Session* const> session
   return logits;
 }
 
-void Session::begin_speculation() {
-  spec_pos_ = n_past_;
-  spec_rings_.clear();
-  for (KvCache::CompressedLayer& cl : cache_.compressed) {
-    for (KvCache::Compressor* c : {&cl.attn, &cl.index}) {
-      spec_rings_.push_back(c->ring_a);
-      spec_rings_.push_back(c->ring_s);
+std::vector<std::vector<float>> Session::copy_rings() const {
+  std::vector<std::vector<float>> rings;
+  for (const KvCache::CompressedLayer& cl : cache_.compressed) {
+    for (const KvCache::Compressor* c : {&cl.attn, &cl.index}) {
+      rings.push_back(c->ring_a);
+      rings.push_back(c->ring_s);
     }
   }
+  return rings;
+}
+
+void Session::begin_speculation() {
+  spec_pos_ = n_past_;
+  spec_rings_ = copy_rings();
+}
+
+void Session::checkpoint() {
+  if (cache_.compressed.empty()) return;
+  checkpoint_pos_ = n_past_;
+  checkpoint_rings_ = copy_rings();
+}
+
+int64_t Session::truncate(int64_t n) {
+  STRATA_CHECK(n >= 0 && n <= n_past_);
+  if (n == n_past_ || cache_.compressed.empty()) return n_past_ = n;
+  // A block [b, b + r) is pooled from the ring when its last token is evaluated, from its own
+  // tokens and (ratio 4, 2r slots) the block before; resuming at n needs the ring slots of the
+  // tokens from n's block (or the one before it) up to n, which a later token p overwrote when
+  // p - slots reached them: intact while n's block ends at or after n_past.
+  bool exact = true;
+  for (const KvCache::CompressedLayer& cl : cache_.compressed)
+    for (const KvCache::Compressor* c : {&cl.attn, &cl.index})
+      if (cl.ratio > 0 && c->slots > 0 && n / cl.ratio * cl.ratio + cl.ratio < n_past_) exact = false;
+  if (!exact) {
+    if (checkpoint_pos_ < 0 || checkpoint_pos_ > n) return n_past_ = 0;
+    n = checkpoint_pos_;
+    size_t i = 0;
+    for (KvCache::CompressedLayer& cl : cache_.compressed) {
+      for (KvCache::Compressor* c : {&cl.attn, &cl.index}) {
+        c->ring_a = checkpoint_rings_[i++];
+        c->ring_s = checkpoint_rings_[i++];
+      }
+    }
+  }
+  if (checkpoint_pos_ > n) checkpoint_pos_ = -1;  // its positions are forgotten
+  return n_past_ = n;
 }
 
 int Session::max_speculation() const {
@@ -181,6 +218,7 @@ void Session::rewind(int64_t n) {
       }
     }
   }
+  if (checkpoint_pos_ > n) checkpoint_pos_ = -1;
   n_past_ = n;
 }
 

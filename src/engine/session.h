@@ -52,16 +52,20 @@ class Session {
   const Backend& backend() const;
   // What its forward passes run on: backend(), the routed experts and the routing override.
   Exec exec() const;
-  void reset() { n_past_ = 0; }
-  // Forgets every position from n on (their cache rows are overwritten by the next eval). Returns
-  // the positions kept: n, or 0 where the cache cannot resume inside what it held (deepseek4's
-  // compressors keep only the tokens of their open blocks).
-  int64_t truncate(int64_t n) {
-    STRATA_CHECK(n >= 0 && n <= n_past_);
-    if (n < n_past_ && !cache_.compressed.empty()) n = 0;
-    n_past_ = n;
-    return n;
+  void reset() {
+    n_past_ = 0;
+    checkpoint_pos_ = -1;
   }
+  // Forgets every position from n on (their cache rows are overwritten by the next eval). Returns
+  // the positions kept: n where the cache can resume there, else less. Caches that only append
+  // rows resume anywhere. deepseek4's compressors keep only the tokens of their open blocks in
+  // rings: they resume at n when no ring slot those blocks need was overwritten since (n in the
+  // blocks still open at n_past()), else at the last checkpoint() at or below n, else at 0.
+  int64_t truncate(int64_t n);
+  // Remembers the compressor rings at n_past(), where a later truncate may resume (the server
+  // checkpoints each prompt's end: the next turn's prompt usually extends it). Free for caches
+  // without compressors.
+  void checkpoint();
   // Speculative decoding: verify drafted tokens in one eval, then rewind to the accepted prefix.
   // begin_speculation() remembers the per-layer state the next tokens may overwrite (deepseek4's
   // compressor rings; other caches only append rows); rewind(n) then forgets the positions from n
@@ -97,6 +101,10 @@ class Session {
   // begin_speculation's copy of the compressor rings ([layer][attn, index] -> ring_a, ring_s)
   int64_t spec_pos_ = -1;
   std::vector<std::vector<float>> spec_rings_;
+  // checkpoint()'s copy, made at position checkpoint_pos_ (-1: none)
+  int64_t checkpoint_pos_ = -1;
+  std::vector<std::vector<float>> checkpoint_rings_;
+  std::vector<std::vector<float>> copy_rings() const;
   // keep_hidden: the rows of positions hidden_pos0_ .. hidden_pos0_ + rows - 1
   bool keep_hidden_ = false;
   int64_t hidden_pos0_ = 0;

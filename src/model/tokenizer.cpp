@@ -116,6 +116,12 @@ constexpr std::string_view kEogTexts[] = {"<|eot_id|>",
                                           kDsEndOfSentence,
                                           "[e~["};
 
+}  // namespace
+
+std::span<const std::string_view> end_of_generation_texts() { return kEogTexts; }
+
+namespace {
+
 template <size_t N>
 bool is_one_of(std::string_view s, const std::string_view (&list)[N]) {
   return std::find(std::begin(list), std::end(list), s) != std::end(list);

@@ -61,6 +61,10 @@ struct DetokenizeOptions {
   bool clean_spaces = false;
 };
 
+// The texts llama.cpp takes for end-of-generation tokens when a vocabulary has them
+// (<|im_end|>, <|eot_id|>, <|call|>, ...).
+std::span<const std::string_view> end_of_generation_texts();
+
 class Tokenizer {
  public:
   // Reads tokenizer.ggml.{model, pre, tokens, scores, token_type, merges, *_token_id, add_*}.

@@ -1,7 +1,10 @@
 // The OpenAI-compatible HTTP front of the scheduler (docs/server.md): POST /v1/chat/completions
 // and /v1/completions (streamed as server-sent events or not), GET /v1/models, /health and
-// /metrics (Prometheus text). Every malformed request gets an OpenAI-shaped JSON error with a 4xx
-// status; a client that disconnects mid-stream cancels its sequence.
+// /metrics (Prometheus text). Chat requests are rendered with the model's own chat template
+// (tools, tool results, reasoning history, chat_template_kwargs); replies are parsed back into
+// content, reasoning_content and tool_calls (model/chat_reply.h). Every malformed request, and a
+// template that refuses it, gets an OpenAI-shaped JSON error with a 4xx status; a client that
+// disconnects mid-stream cancels its sequence.
 #pragma once
 
 #include <memory>
@@ -29,7 +32,7 @@ struct HttpOptions {
 
 class HttpServer {
  public:
-  HttpServer(Scheduler& scheduler, const Tokenizer& tok, ChatFormat format, std::string model_id,
+  HttpServer(Scheduler& scheduler, const Tokenizer& tok, ChatTemplate chat_template, std::string model_id,
              const ModelSummary& summary, HttpOptions o);
   ~HttpServer();
 
@@ -47,7 +50,7 @@ class HttpServer {
   void routes();
   Scheduler& scheduler_;
   const Tokenizer& tok_;
-  const ChatFormat format_;
+  const ChatTemplate template_;
   const std::string model_id_;
   const ModelSummary summary_;
   const HttpOptions o_;
@@ -55,12 +58,23 @@ class HttpServer {
   std::unique_ptr<httplib::Server> http_;
 };
 
-// A completion request's body, checked: the request (sampling, limits, stop strings; prompt ids
-// not yet filled), the prompt text (chat messages formatted with `format`), and the stream flags.
+// A completion request's body, checked: the request (sampling, limits, stop strings, logprobs;
+// prompt ids not yet filled), the prompt text (chat messages rendered with the template), and how
+// to answer.
 struct ParsedCompletion {
   CompletionRequest request;
   std::string prompt;
   bool stream = false, include_usage = false;
+  bool parse_reply = false;        // chat: split the reply into content, reasoning and tool calls
+  bool in_reasoning = false;       // the prompt leaves the reply inside an open reasoning block
+  bool parallel_tool_calls = true; // false: only the first call is kept
+  bool logprobs = false;
+  // A forced tool call (tool_choice a named function, or "required" with one tool, where the
+  // template writes the arguments as JSON): the prompt goes on with `forced_opener` (the template's
+  // own text of a call of that function up to its arguments), the reply is held to one JSON
+  // object, and `forced_closer` (what the template writes after the arguments) ends the call.
+  bool forced = false;
+  std::string forced_opener, forced_closer;
 };
 // What to answer instead (status 0: the body is fine).
 struct RequestError {
@@ -68,8 +82,10 @@ struct RequestError {
   std::string message, param;
 };
 // The body of POST /v1/chat/completions (chat) or /v1/completions. Any bytes: a ParsedCompletion,
-// or a 400 with a message naming the field; never a crash (fuzz/fuzz_http_request.cpp).
-RequestError parse_completion_body(const std::string& body, bool chat, ChatFormat format, ParsedCompletion& out);
+// or a 400 with a message naming the field or what the template raised; never a crash
+// (fuzz/fuzz_http_request.cpp). `render` fixes strftime_now's time (tests).
+RequestError parse_completion_body(const std::string& body, bool chat, const ChatTemplate& tmpl, ParsedCompletion& out,
+                                   const jinja::RenderOptions& render = {});
 
 // Constant-time comparison (API keys): the time does not depend on where the strings differ.
 bool constant_time_equal(const std::string& a, const std::string& b);

@@ -2,26 +2,34 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
+#include <cmath>
+#include <optional>
 
 #include "cpu/kernels.h"
+#include "engine/json_constraint.h"
 #include "engine/session.h"
 #include "engine/speculative.h"
 #include "engine/text_stream.h"
 
 namespace strata::server {
 
-bool Job::next(std::string& text) {
+bool Job::next(JobPiece& piece) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return !pieces_.empty() || done_; });
   if (pieces_.empty()) return false;
-  text = std::move(pieces_.front());
+  piece = std::move(pieces_.front());
   pieces_.pop_front();
   return true;
 }
 
-std::string Job::wait_all() {
-  std::string all, piece;
-  while (next(piece)) all += piece;
+std::string Job::wait_all(std::vector<TokenLogprob>* logprobs) {
+  std::string all;
+  JobPiece piece;
+  while (next(piece)) {
+    all += piece.text;
+    if (logprobs) logprobs->insert(logprobs->end(), piece.logprobs.begin(), piece.logprobs.end());
+  }
   return all;
 }
 
@@ -30,11 +38,11 @@ CompletionSummary Job::summary() const {
   return summary_;
 }
 
-void Job::push(std::string_view text) {
-  if (text.empty()) return;
+void Job::push(std::string_view text, std::vector<TokenLogprob> logprobs) {
+  if (text.empty() && logprobs.empty()) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    pieces_.emplace_back(text);
+    pieces_.push_back({std::string(text), std::move(logprobs)});
   }
   cv_.notify_all();
 }
@@ -53,9 +61,17 @@ struct Scheduler::Slot {
   std::shared_ptr<Job> job;
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<TextStream> stream;
+  // The tokens the session holds (positions 0 .. n_past - 1). Kept after the job ends: the
+  // prompt cache of the next job that takes this slot.
   std::vector<TokenId> history;
-  std::vector<TokenId> step;  // tokens of the next forward pass: the pending token, then drafts
+  std::vector<TokenId> prefill;  // prompt tokens not evaluated yet (chunked prefill)
+  std::vector<TokenId> step;     // tokens of the next forward pass: a prompt chunk, or the pending token then drafts
+  bool prompting = false;        // this step evaluates prompt tokens (no drafts beside it)
   int generated = 0;
+  int cached = 0;                // prompt tokens reused from history
+  std::vector<TokenLogprob> logprobs;  // of the tokens sampled since the last push
+  std::optional<JsonPrefix> json;      // json_object requests: the object so far
+  std::vector<float> masked;           // a logits row with the invalid tokens at -inf
   std::unique_ptr<Drafter> drafter;  // per job (null: none)
   std::unique_ptr<DraftController> control;
 };
@@ -63,6 +79,34 @@ struct Scheduler::Slot {
 namespace {
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Tokens `held` and `prompt` share from the start, leaving at least the prompt's last token to
+// evaluate (its logits give the first sampled token).
+size_t common_prefix(const std::vector<TokenId>& held, const std::vector<TokenId>& prompt) {
+  size_t n = 0;
+  while (n < held.size() && n + 1 < prompt.size() && held[n] == prompt[n]) ++n;
+  return n;
+}
+
+// The log-softmax of `logits` at `token`, and the `top` most likely tokens with theirs.
+TokenLogprob logprob_of(std::span<const float> logits, TokenId token, int top, const Tokenizer& tok, bool special) {
+  float mx = -INFINITY;
+  for (float l : logits) mx = std::max(mx, l);
+  double sum = 0;
+  for (float l : logits) sum += std::exp(double(l - mx));
+  const float lse = mx + float(std::log(sum));
+  TokenLogprob out{tok.token_to_piece(token, special), logits[size_t(token)] - lse, {}};
+  if (top > 0) {
+    std::vector<int32_t> ids(logits.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
+    const size_t k = std::min(size_t(top), ids.size());
+    std::partial_sort(ids.begin(), ids.begin() + long(k), ids.end(), [&](int32_t a, int32_t b) {
+      return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+    });
+    for (size_t j = 0; j < k; ++j) out.top.emplace_back(tok.token_to_piece(ids[j], special), logits[size_t(ids[j])] - lse);
+  }
+  return out;
 }
 }  // namespace
 
@@ -83,7 +127,7 @@ Scheduler::~Scheduler() {
   }
   cv_.notify_all();
   thread_.join();
-  for (auto& job : queue_) job->finish({0, 0, "cancelled", "the server is shutting down"});
+  for (auto& job : queue_) job->finish({0, 0, 0, "cancelled", "the server is shutting down"});
 }
 
 Result<std::shared_ptr<Job>> Scheduler::submit(CompletionRequest r) {
@@ -140,10 +184,18 @@ void Scheduler::loop() {
       if (cancel_all_.load()) {  // shutting down: nothing new starts
         for (auto& job : queue_) job->cancel();
       }
-      // sequences join between steps
-      for (auto& s : slots_) {
-        if (s->job || queue_.empty()) continue;
-        s->job = std::move(queue_.front());
+      // sequences join between steps, each in the free slot that holds the longest prefix of its
+      // prompt (the first free one when none holds any)
+      while (!queue_.empty()) {
+        Slot* best = nullptr;
+        size_t best_n = 0;
+        for (auto& s : slots_) {
+          if (s->job) continue;
+          const size_t n = o_.cache_prompt ? common_prefix(s->history, queue_.front()->request.prompt) : 0;
+          if (!best || n > best_n) best = s.get(), best_n = n;
+        }
+        if (!best) break;
+        best->job = std::move(queue_.front());
         queue_.pop_front();
       }
     }
@@ -163,21 +215,30 @@ void Scheduler::loop() {
         }
         s.sampler.reset();
         s.stream.reset();
-        job->finish({int(job->request.prompt.size()), s.generated, "cancelled", ""});
+        s.prefill.clear();
+        job->finish({int(job->request.prompt.size()), s.generated, s.cached, "cancelled", ""});
         continue;
       }
       if (!s.sampler) {
         const CompletionRequest& r = s.job->request;
         if (!s.session) s.session = std::make_unique<Session>(engine_, o_.ctx, cpu::MatmulPath::quantized, o_.kv_type);
-        s.session->reset();
+        // the prompt cache: keep what the session holds of this prompt. Not with the MTP drafter,
+        // whose own cache is made from the target's hidden rows as the prompt is evaluated.
+        size_t reuse = o_.cache_prompt && o_.drafter != "mtp" ? common_prefix(s.history, r.prompt) : 0;
+        reuse = size_t(s.session->truncate(int64_t(std::min(reuse, size_t(s.session->n_past())))));
+        s.history.resize(reuse);
+        s.prefill.assign(r.prompt.begin() + long(reuse), r.prompt.end());
+        s.cached = int(reuse);
         s.sampler = std::make_unique<Sampler>(r.sampling);
         s.stream = std::make_unique<TextStream>(r.stop);
-        s.history.clear();
-        s.step = r.prompt;
+        s.step.clear();
         s.generated = 0;
+        s.logprobs.clear();
         s.drafter.reset();
         s.control.reset();
-        if (o_.drafter != "none" && o_.max_draft > 0) {
+        s.json.reset();
+        if (r.json_object) s.json.emplace();
+        if (o_.drafter != "none" && o_.max_draft > 0 && !r.json_object) {
           // before the prompt: the MTP drafter has the session keep its hidden rows from there
           auto d = make_drafter(o_.drafter, s.session.get());
           STRATA_CHECK(d.ok(), "the drafter was checked when the scheduler was made");
@@ -189,10 +250,30 @@ void Scheduler::loop() {
         }
         std::lock_guard<std::mutex> lock(mu_);
         m_.prompt_tokens_total += int64_t(r.prompt.size());
+        m_.cached_tokens_total += s.cached;
       }
       running.push_back(&s);
     }
     if (running.empty()) continue;
+
+    // Chunked prefill: the prompts' tokens of one step are prefill_chunk at most in all, handed
+    // out in slot order; a slot whose prompt gets none this step sits it out.
+    int chunk_left = o_.prefill_chunk > 0 ? o_.prefill_chunk : INT32_MAX;
+    for (size_t j = 0; j < running.size();) {
+      Slot& s = *running[j];
+      s.prompting = !s.prefill.empty();
+      if (s.prompting) {
+        const size_t n = std::min(s.prefill.size(), size_t(std::max(chunk_left, 0)));
+        if (n == 0) {
+          running.erase(running.begin() + long(j));
+          continue;
+        }
+        s.step.assign(s.prefill.begin(), s.prefill.begin() + long(n));
+        s.prefill.erase(s.prefill.begin(), s.prefill.begin() + long(n));
+        chunk_left -= int(n);
+      }
+      ++j;
+    }
 
     // Drafts join a step only when every sequence in it is decoding (a prompt would make every
     // row's logits a prompt's worth), and only up to cpu::kBatchInvariantTokens tokens in all, so
@@ -200,10 +281,11 @@ void Scheduler::loop() {
     // A step time is measured from here: drafting (the MTP drafter runs a layer) and the pass.
     // Every decoding step's time goes to each sequence's controller, plain ones too (its yardstick).
     const double t_step = now_s();
-    const bool decoding =
-        std::all_of(running.begin(), running.end(), [](const Slot* s) { return s->step.size() == 1; });
+    const bool decoding = std::all_of(running.begin(), running.end(), [](const Slot* s) { return !s->prompting; });
+    // a constrained sequence samples from its masked row, which the verification path does not
+    const bool constrained = std::any_of(running.begin(), running.end(), [](const Slot* s) { return s->json.has_value(); });
     bool drafting = false;
-    if (o_.drafter != "none" && decoding) {
+    if (o_.drafter != "none" && decoding && !constrained) {
       int budget = int(cpu::kBatchInvariantTokens) - int(running.size());
       const size_t first = size_t(m_.steps_total) % running.size();  // who drafts first rotates
       for (size_t j = 0; j < running.size() && budget > 0; ++j) {
@@ -235,6 +317,12 @@ void Scheduler::loop() {
     const double t0 = now_s();
     auto logits = Session::eval_batch(sessions, steps, drafting);
     const double t1 = now_s();
+    {
+      // counted before any job of the step finishes, so its waiter sees the step in the metrics
+      std::lock_guard<std::mutex> lock(mu_);
+      ++m_.steps_total;
+      m_.busy_seconds += t1 - t0;
+    }
     const size_t V = size_t(model_.hparams().n_vocab);
     size_t row = 0;  // the slot's first row of logits
     for (size_t i = 0; i < running.size(); ++i) {
@@ -242,9 +330,9 @@ void Scheduler::loop() {
       const CompletionRequest& r = s.job->request;
       std::string finish;
       std::string error;
-      // Takes a sampled token as output, `n_past` the position count plain decoding would have
-      // after evaluating its predecessor; true when the sequence ends with it.
-      auto emit = [&](TokenId t, int64_t n_past) {
+      // Takes a sampled token as output (sampled from `from`), `n_past` the position count plain
+      // decoding would have after evaluating its predecessor; true when the sequence ends with it.
+      auto emit = [&](TokenId t, std::span<const float> from, int64_t n_past) {
         if (!r.ignore_eos && tok_.is_eog(t)) {
           finish = "stop";
           return true;
@@ -254,20 +342,42 @@ void Scheduler::loop() {
           std::lock_guard<std::mutex> lock(mu_);  // counted before the job can finish
           ++m_.completion_tokens_total;
         }
-        s.job->push(s.stream->push(tok_.token_to_piece(t, false)));
+        if (r.top_logprobs >= 0) s.logprobs.push_back(logprob_of(from, t, r.top_logprobs, tok_, r.special_text));
+        const std::string piece = tok_.token_to_piece(t, r.special_text);
+        const std::string_view text = s.stream->push(piece);
+        if (!text.empty() || s.logprobs.size() >= 8) s.job->push(text, std::exchange(s.logprobs, {}));
+        if (s.json) {
+          STRATA_CHECK(s.json->push(piece), "the token was chosen to keep the JSON valid");
+          if (s.json->complete()) finish = "stop";
+        }
         if (s.stream->stopped()) finish = "stop";
         else if (s.generated >= r.max_tokens || n_past + 1 >= o_.ctx) finish = "length";
         return !finish.empty();
       };
-      const int n_draft = int(s.step.size()) - 1;
+      const int n_draft = s.prompting ? 0 : int(s.step.size()) - 1;
       if (!logits) {
         finish = "error";
         error = logits.error().message;
+        // no session advanced, but a failed pass may have left state behind: start afresh
+        s.session->reset();
+        s.history.clear();
       } else if (!drafting) {
         s.history.insert(s.history.end(), s.step.begin(), s.step.end());
-        const TokenId next = s.sampler->sample(std::span<const float>(logits->data() + i * V, V), s.history);
-        if (decoding && s.control) s.control->record(0, 0, t1 - t_step);
-        if (!emit(next, s.session->n_past())) s.step.assign(1, next);
+        if (s.prefill.empty()) {  // else more of the prompt in later steps
+          if (s.prompting) s.session->checkpoint();  // where the next turn's prompt may resume
+          const std::span<const float> last(logits->data() + i * V, V);
+          std::span<const float> from = last;
+          if (s.json) {  // only tokens that keep the object valid; none: it is closed below
+            s.masked.assign(last.begin(), last.end());
+            if (constrain_to_json(s.masked, *s.json, tok_, r.special_text)) from = s.masked;
+            else finish = "stop";
+          }
+          if (finish.empty()) {
+            const TokenId next = s.sampler->sample(from, s.history);
+            if (decoding && s.control) s.control->record(0, 0, t1 - t_step);
+            if (!emit(next, last, s.session->n_past())) s.step.assign(1, next);
+          }
+        }
       } else {
         // row j follows the pending token and drafts 0 .. j-1: verify in order, keep what agrees
         s.history.push_back(s.step[0]);
@@ -293,12 +403,14 @@ void Scheduler::loop() {
           m_.draft_accepted_total += accepted;
         }
         bool ended = false;
-        for (int j = 0; j < accepted && !ended; ++j) ended = emit(s.step[size_t(1 + j)], pos0[i] + 1 + j);
-        if (!ended && !emit(next, pos0[i] + 1 + accepted)) s.step.assign(1, next);
+        for (int j = 0; j < accepted && !ended; ++j) ended = emit(s.step[size_t(1 + j)], row_at(j), pos0[i] + 1 + j);
+        if (!ended && !emit(next, row_at(accepted), pos0[i] + 1 + accepted)) s.step.assign(1, next);
       }
       row += drafting ? steps[i].size() : 1;
       if (!finish.empty()) {
-        s.job->push(s.stream->flush());
+        std::string tail(s.stream->flush());
+        if (s.json && finish != "error") tail += s.json->closing() + r.suffix;  // a forced call ends whole
+        s.job->push(tail, std::exchange(s.logprobs, {}));
         std::shared_ptr<Job> job;
         {
           std::lock_guard<std::mutex> lock(mu_);
@@ -306,20 +418,19 @@ void Scheduler::loop() {
         }
         s.sampler.reset();
         s.stream.reset();
-        job->finish({int(job->request.prompt.size()), s.generated, finish, error});
+        s.prefill.clear();
+        job->finish({int(job->request.prompt.size()), s.generated, s.cached, finish, error});
       }
     }
     const Engine::TierStats tiers = engine_.tier_stats();  // on this thread: the tiers are not thread-safe
     std::lock_guard<std::mutex> lock(mu_);
     m_.tiers = tiers;
-    ++m_.steps_total;
-    m_.busy_seconds += t1 - t0;
     recent_.emplace_back(t1, m_.completion_tokens_total);
     while (recent_.size() > 2 && t1 - recent_.front().first > 10.0) recent_.pop_front();
   }
   // shutting down: finish what is still running
   for (auto& s : slots_) {
-    if (s->job) s->job->finish({int(s->job->request.prompt.size()), s->generated, "cancelled", "the server is shutting down"});
+    if (s->job) s->job->finish({int(s->job->request.prompt.size()), s->generated, s->cached, "cancelled", "the server is shutting down"});
     s->job.reset();
   }
 }
