@@ -345,7 +345,8 @@ void Scheduler::loop() {
         if (r.top_logprobs >= 0) s.logprobs.push_back(logprob_of(from, t, r.top_logprobs, tok_, r.special_text));
         const std::string piece = tok_.token_to_piece(t, r.special_text);
         const std::string_view text = s.stream->push(piece);
-        if (!text.empty() || s.logprobs.size() >= 8) s.job->push(text, std::exchange(s.logprobs, {}));
+        // with logprobs a piece per token (a stream's chunk each, as OpenAI sends them), else per text
+        if (!text.empty() || !s.logprobs.empty()) s.job->push(text, std::exchange(s.logprobs, {}));
         if (s.json) {
           STRATA_CHECK(s.json->push(piece), "the token was chosen to keep the JSON valid");
           if (s.json->complete()) finish = "stop";
