@@ -132,6 +132,30 @@ TEST(Jinja, StrftimeNowDefaultsToTheClock) {
   EXPECT_EQ(*r, std::to_string(now.tm_year + 1900));
 }
 
+// Python's ints are unbounded, strata's 64-bit: past that range is an error, never a wrapped value.
+TEST(Jinja, IntegerOverflowIsAnError) {
+  for (const char* t : {"{{ 9223372036854775807 + 1 }}", "{{ -9223372036854775807 - 2 }}", "{{ 4611686018427387904 * 2 }}",
+                        "{{ -(-9223372036854775807 - 1) }}", "{{ (-9223372036854775807 - 1) // -1 }}"}) {
+    SCOPED_TRACE(t);
+    auto r = render(t);
+    ASSERT_FALSE(r.ok()) << *r;
+    EXPECT_NE(r.error().message.find("overflow"), std::string::npos) << r.error().message;
+  }
+  EXPECT_EQ(*render("{{ 9223372036854775806 + 1 }} {{ 7 // -1 }} {{ 7 % -1 }}"), "9223372036854775807 -7 0");
+  EXPECT_FALSE(render("{{ 'ab' * 4611686018427387904 }}").ok());
+  EXPECT_FALSE(render("{{ range(-9223372036854775807, 9223372036854775807) | length }}").ok());
+}
+
+// A namespace that holds itself, a macro kept in the namespace it reads: reference cycles, taken
+// apart when the render ends (the sanitizer build's leak check sees any that stay).
+TEST(Jinja, CyclesComeApartAfterTheRender) {
+  auto r = render("{% set ns = namespace(n=1) %}{% set ns.me = ns %}{% macro m() %}{{ ns.n }}{% endmacro %}"
+                  "{% set ns.m = m %}{{ ns.me.me.n }}{{ ns.m() }}{% for i in [1] %}{% macro inner() %}{{ i }}{% endmacro %}"
+                  "{% set ns.inner = inner %}{{ ns.inner() }}{% endfor %}");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(*r, "111");  // jinja2 renders the same
+}
+
 TEST(Jinja, ContextMustBeAnObject) {
   auto t = Template::parse("x");
   ASSERT_TRUE(t.ok());

@@ -47,6 +47,16 @@ struct Interp {
   std::shared_ptr<Frame> frame;
   int call_depth = 0;
   uint64_t steps = 0;
+  // What can close a reference cycle: a macro holds the frame it was defined in (which holds the
+  // macro), and a namespace can be given itself or a macro. Emptied when the render ends, so the
+  // cycles come apart (Python's collector does this for jinja2).
+  std::vector<std::shared_ptr<Frame>> macro_frames;
+  std::vector<std::shared_ptr<Dict>> assigned_namespaces;
+
+  ~Interp() {
+    for (auto& d : assigned_namespaces) d->items.clear();
+    for (auto& f : macro_frames) f->vars.clear();
+  }
 
   void step() {
     if (++steps > max_steps) fail("the template ran more than " + std::to_string(max_steps) + " steps");
@@ -103,7 +113,9 @@ struct Interp {
         if (!v.is_number()) fail(std::string("bad operand type for unary ") + (e.kind == Expr::neg ? "-" : "+") + ": '" + type_name(v) + "'");
         if (e.kind == Expr::pos) return v.kind == Value::k_bool ? Value::integer(v.b) : v;
         if (v.kind == Value::k_float) return Value::floating(-v.f);
-        return Value::integer(-(v.kind == Value::k_int ? v.i : int64_t(v.b)));
+        const int64_t x = v.kind == Value::k_int ? v.i : int64_t(v.b);
+        if (x == INT64_MIN) fail("integer overflow: the result does not fit in 64 bits");
+        return Value::integer(-x);
       }
       case Expr::not_: return Value::boolean(!truthy(eval(*e.kids[0])));
       case Expr::and_: {
@@ -194,6 +206,7 @@ struct Interp {
       if (!ns || ns->kind != Value::k_dict || ns->d->type != Dict::name_space)
         fail("cannot assign attribute on non-namespace object");
       ns->d->set(Value::str(t.attr), std::move(v));
+      assigned_namespaces.push_back(ns->d);
       return;
     }
     if (!t.tuple) {
@@ -364,6 +377,7 @@ struct Interp {
   Value make_macro(const Node& n, const std::string& name) {
     const Node* node = &n;
     std::shared_ptr<Frame> defined_in = frame;
+    macro_frames.push_back(frame);
     return Value::func(
         name,
         [node, defined_in, name](Interp& in, Args& a) -> Value {
@@ -452,9 +466,12 @@ void add_globals(Frame& g, const RenderOptions& o) {
             if (a.pos.size() == 3) stepv = num(2);
           }
           if (stepv == 0) fail("range() arg 3 must not be zero");
-          int64_t n = stepv > 0 ? (stop > start ? (stop - start + stepv - 1) / stepv : 0)
-                                : (start > stop ? (start - stop - stepv - 1) / -stepv : 0);
-          if (n > max_range) fail("Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
+          using wide = __int128;  // no overflow at the ends of the 64-bit range
+          const wide span = stepv > 0 ? wide(stop) - wide(start) : wide(start) - wide(stop);
+          const wide st = stepv > 0 ? wide(stepv) : -wide(stepv);
+          const wide count = span > 0 ? (span + st - 1) / st : 0;
+          if (count > max_range) fail("Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
+          const int64_t n = int64_t(count);
           List l;
           for (int64_t k = 0; k < n; ++k) l.push_back(Value::integer(start + k * stepv));
           return Value::list(std::move(l));

@@ -685,6 +685,8 @@ bool contains(const Value& container, const Value& item) {
 
 static Value repeat(const Value& seq, int64_t n) {
   if (n < 0) n = 0;
+  const size_t len = seq.is_str() ? seq.s->size() : seq.l->size();
+  if (len > 0 && uint64_t(n) > max_output) check_size(max_output + 1);
   if (seq.is_str()) {
     check_size(seq.s->size() * size_t(n));
     std::string out;
@@ -706,8 +708,17 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
   };
   bool num = a.is_number() && b.is_number();
   bool flt = num && (a.kind == Value::k_float || b.kind == Value::k_float);
+  // ints are 64-bit here (Python's are unbounded): past that range is an error, not a wrap
+  auto checked = [](bool (*op)(int64_t, int64_t, int64_t*), int64_t x, int64_t y) {
+    int64_t r = 0;
+    if (op(x, y, &r)) fail("integer overflow: the result does not fit in 64 bits");
+    return Value::integer(r);
+  };
+  auto add = [](int64_t x, int64_t y, int64_t* r) { return __builtin_add_overflow(x, y, r); };
+  auto sub = [](int64_t x, int64_t y, int64_t* r) { return __builtin_sub_overflow(x, y, r); };
+  auto mul = [](int64_t x, int64_t y, int64_t* r) { return __builtin_mul_overflow(x, y, r); };
   if (op == "+") {
-    if (num) return flt ? Value::floating(as_double(a) + as_double(b)) : Value::integer(as_int(a) + as_int(b));
+    if (num) return flt ? Value::floating(as_double(a) + as_double(b)) : checked(add, as_int(a), as_int(b));
     if (a.is_str() && b.is_str()) {
       check_size(a.s->size() + b.s->size());
       return Value::str(*a.s + *b.s);
@@ -724,10 +735,10 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
   }
   if (op == "-") {
     if (!num) return unsupported();
-    return flt ? Value::floating(as_double(a) - as_double(b)) : Value::integer(as_int(a) - as_int(b));
+    return flt ? Value::floating(as_double(a) - as_double(b)) : checked(sub, as_int(a), as_int(b));
   }
   if (op == "*") {
-    if (num) return flt ? Value::floating(as_double(a) * as_double(b)) : Value::integer(as_int(a) * as_int(b));
+    if (num) return flt ? Value::floating(as_double(a) * as_double(b)) : checked(mul, as_int(a), as_int(b));
     if ((a.is_str() || a.kind == Value::k_list) && (b.kind == Value::k_int || b.kind == Value::k_bool))
       return repeat(a, as_int(b));
     if ((b.is_str() || b.kind == Value::k_list) && (a.kind == Value::k_int || a.kind == Value::k_bool))
@@ -749,6 +760,7 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
     }
     int64_t x = as_int(a), y = as_int(b);
     if (y == 0) fail(op == "//" ? "integer division or modulo by zero" : "integer modulo by zero");
+    if (y == -1) return op == "//" ? checked(sub, 0, x) : Value::integer(0);
     int64_t q = x / y, r = x % y;
     if (r != 0 && ((r < 0) != (y < 0))) {
       --q;
