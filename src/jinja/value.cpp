@@ -709,9 +709,9 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
   bool num = a.is_number() && b.is_number();
   bool flt = num && (a.kind == Value::k_float || b.kind == Value::k_float);
   // ints are 64-bit here (Python's are unbounded): past that range is an error, not a wrap
-  auto checked = [](bool (*op)(int64_t, int64_t, int64_t*), int64_t x, int64_t y) {
+  auto checked = [](bool (*checked_op)(int64_t, int64_t, int64_t*), int64_t x, int64_t y) {
     int64_t r = 0;
-    if (op(x, y, &r)) fail("integer overflow: the result does not fit in 64 bits");
+    if (checked_op(x, y, &r)) fail("integer overflow: the result does not fit in 64 bits");
     return Value::integer(r);
   };
   auto add = [](int64_t x, int64_t y, int64_t* r) { return __builtin_add_overflow(x, y, r); };
