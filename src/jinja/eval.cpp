@@ -43,7 +43,6 @@ enum class Flow { normal, break_, continue_ };
 }  // namespace
 
 struct Interp {
-  const RenderOptions* opts = nullptr;
   std::shared_ptr<Frame> frame;
   int call_depth = 0;
   uint64_t steps = 0;
@@ -540,7 +539,6 @@ Result<std::string> Template::render(const Json& context, const RenderOptions& o
   if (!context.is_object()) return Error{"the template context must be a JSON object"};
   try {
     Interp in;
-    in.opts = &o;
     auto globals = std::make_shared<Frame>();
     add_globals(*globals, o);
     for (auto& [k, v] : context.items()) globals->set(k, from_json(v));

@@ -75,7 +75,7 @@ struct Lexer {
       advance_to(at + 2 + (sign == '-' || sign == '+'));
       line_starting = false;
       if (kind == '#') comment();
-      else if (kind == '%' && raw_block(sign)) continue;
+      else if (kind == '%' && raw_block()) continue;
       else tag(kind == '{' ? Token::var_begin : Token::block_begin);
     }
     emit(Token::eof);
@@ -100,7 +100,7 @@ struct Lexer {
   }
 
   // {% raw %}...{% endraw %}: the text between, verbatim.
-  bool raw_block(char begin_sign) {
+  bool raw_block() {
     size_t p = pos;
     while (p < src.size() && is_ws(src[p])) ++p;
     if (src.compare(p, 3, "raw") != 0) return false;
@@ -112,7 +112,6 @@ struct Lexer {
       ++p;
     }
     if (src.compare(p, 2, "%}") != 0) return false;
-    (void)begin_sign;
     advance_to(p + 2);
     if (strip_after) skip_ws_after();
     // find {%[-+]? endraw [-]?%}
