@@ -94,7 +94,7 @@ int run_logits(const LogitsOptions& o) {
 }
 
 struct TokenizeOptions {
-  std::string model = STRATA_DEFAULT_MODEL;
+  std::string model;  // empty: default_model_path()
   std::string file;
 };
 
@@ -103,7 +103,7 @@ int run_tokenize(const TokenizeOptions& o) {
   if (!in) return fail("tokenize", o.file + ": cannot open");
   std::stringstream ss;
   ss << in.rdbuf();
-  auto f = GgufFile::open(o.model);
+  auto f = GgufFile::open(o.model.empty() ? default_model_path() : o.model);
   if (!f) return fail("tokenize", f.error().message);
   auto tok = Tokenizer::from_gguf(*f);
   if (!tok) return fail("tokenize", tok.error().message);
@@ -134,7 +134,7 @@ Runner add_logits_command(CLI::App& app) {
 Runner add_tokenize_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("tokenize", "print the token ids of a text file (no BOS/EOS, specials as text)");
   auto o = std::make_shared<TokenizeOptions>();
-  sub->add_option("-m,--model", o->model, "GGUF model or vocab (default: the bundled tiny qwen3moe)");
+  sub->add_option("-m,--model", o->model, "GGUF model or vocab (default: $STRATA_MODEL, else the bundled demo model)");
   sub->add_option("-f,--file", o->file, "text file")->required();
   return [o] { return run_tokenize(*o); };
 }

@@ -20,7 +20,7 @@ namespace {
 
 struct RunOptions {
   CommonOptions common;
-  std::string prompt = "The quick brown fox";
+  std::string prompt = "In the beginning";
   DraftOptions draft;
   GenerateOptions gen{.n_predict = 64};
   SamplerParams sampling{.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f,

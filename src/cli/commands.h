@@ -22,5 +22,7 @@ Runner add_plan_command(CLI::App& app);
 Runner add_calibrate_command(CLI::App& app);
 Runner add_serve_command(CLI::App& app);
 Runner add_template_command(CLI::App& app);
+Runner add_quantize_command(CLI::App& app);
+Runner add_perplexity_command(CLI::App& app);
 
 }  // namespace strata::cli

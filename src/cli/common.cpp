@@ -1,6 +1,7 @@
 #include "cli/common.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 
 namespace strata::cli {
@@ -8,7 +9,7 @@ namespace strata::cli {
 void add_common(CLI::App* sub, CommonOptions& o) {
   sub->add_option("-c,--config", o.config_path, "TOML config (presets in configs/; keys in docs/config.md)");
   sub->add_option("--set", o.sets, "override one config key, e.g. --set budgets.ram=16GiB (repeatable)");
-  sub->add_option("-m,--model", o.model, "GGUF model (default: model.path, else the bundled tiny qwen3moe)");
+  sub->add_option("-m,--model", o.model, "GGUF model (default: model.path, else $STRATA_MODEL, else the bundled demo model)");
   sub->add_option("-t,--threads", o.threads, "CPU threads (cpu.threads; default: all cores)")->check(CLI::NonNegativeNumber);
   sub->add_option("--ctx", o.ctx, "context length cap (model.ctx; default: the model's)")->check(CLI::PositiveNumber);
   sub->add_option("--load", o.load,
@@ -47,8 +48,13 @@ Result<Config> resolve_config(const CommonOptions& o) {
   if (o.load) overrides.push_back({"model.load", quoted(*o.load)});
   auto c = load_config(o.config_path, overrides);
   if (!c) return c.error();
-  if (c->model_path.empty()) c->model_path = STRATA_DEFAULT_MODEL;
+  if (c->model_path.empty()) c->model_path = default_model_path();
   return c;
+}
+
+std::string default_model_path() {
+  if (const char* env = std::getenv("STRATA_MODEL"); env != nullptr && *env != 0) return env;
+  return STRATA_DEFAULT_MODEL;
 }
 
 int64_t context_limit(const Model& m, const Config& c, int64_t fallback) {

@@ -43,6 +43,10 @@ Result<Config> resolve_config(const CommonOptions& o);
 // model loaded and its tiers built). `cmd` prefixes the log lines ("strata run").
 Result<std::unique_ptr<Engine>> load_model(const CommonOptions& o, const char* cmd);
 
+// The model of a command given no -m and no model.path: $STRATA_MODEL when set, else the bundled
+// demo model (tests/data/models/demo).
+std::string default_model_path();
+
 // The context a session may use: the model's training context, capped by model.ctx (--ctx);
 // `fallback` replaces the training context when the config sets none (chat: 4096).
 int64_t context_limit(const Model& m, const Config& c, int64_t fallback = 0);

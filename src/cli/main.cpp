@@ -35,6 +35,8 @@ int main(int argc, char** argv) {
       {"calibrate", strata::cli::add_calibrate_command},
       {"serve", strata::cli::add_serve_command},
       {"template", strata::cli::add_template_command},
+      {"quantize", strata::cli::add_quantize_command},
+      {"perplexity", strata::cli::add_perplexity_command},
   };
   for (const auto& [name, add] : built) {
     strata::cli::Runner r = add(app);
