@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The official OpenAI client library (the `openai` npm package, pinned in tests/openai-client)
-# against `strata serve` on the bundled model: a plain and a streamed chat completion, a forced
+# against `strata serve` on the random-weight qwen3moe fixture: a plain and a streamed chat completion, a forced
 # tool call plain and streamed and its result sent back, a text completion and a refused bad request. Runs when Node.js and npm are present (CI calls it through
 # scripts/test.sh); says SKIPPED and exits 0 when they are not, or when the npm registry cannot
 # be reached to install the package.
@@ -27,7 +27,7 @@ if [ ! -d "$work/node_modules/openai" ]; then
 fi
 log="$work/serve.log"
 # Qwen3's own template (the bundled model has none): tools, tool calls and reasoning
-"$strata" serve --port 0 --ctx 2048 --chat-template-file tests/data/chat/templates/Qwen-Qwen3-0.6B.jinja > "$log" 2>&1 &
+"$strata" serve -m tests/data/models/qwen3moe/model-Q4_K_M.gguf --port 0 --ctx 2048 --chat-template-file tests/data/chat/templates/Qwen-Qwen3-0.6B.jinja > "$log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true' EXIT
 port=""

@@ -227,5 +227,22 @@ TEST(Quantize, WritesAFileThatHoldsTheTensors) {
   EXPECT_FALSE(quantize_gguf(*in, (dir / "no-such-dir" / "x.gguf").string(), QuantMix::q8_0));
 }
 
+// The command's one-line errors: an unknown mix, a missing input, the input as the output.
+TEST(Quantize, CommandErrorsAreOneLine) {
+  const std::string model = (test::data_dir() / "models" / "qwen3moe" / "model-Q4_K_M.gguf").string();
+  const auto dir = test::scratch_dir("quantize_cli");
+  std::string out;
+  EXPECT_EQ(test::run_cli("quantize \"" + model + "\" \"" + (dir / "x.gguf").string() + "\" Q4_K_S", &out), 2);
+  EXPECT_NE(out.find("unknown type 'Q4_K_S'"), std::string::npos) << out;
+  EXPECT_EQ(test::run_cli("quantize \"" + (dir / "none.gguf").string() + "\" \"" + (dir / "x.gguf").string() + "\" Q8_0", &out), 1);
+  EXPECT_NE(out.find("none.gguf"), std::string::npos) << out;
+  EXPECT_EQ(test::run_cli("quantize \"" + model + "\" \"" + model + "\" Q8_0", &out), 2);
+  EXPECT_NE(out.find("is the input"), std::string::npos) << out;
+  // a quantized input works, with a warning that its errors add up
+  ASSERT_EQ(test::run_cli("quantize \"" + model + "\" \"" + (dir / "q8.gguf").string() + "\" Q8_0", &out), 0) << out;
+  EXPECT_NE(out.find("warning"), std::string::npos) << out;
+  EXPECT_NE(out.find("q4_K -> q8_0"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace strata
