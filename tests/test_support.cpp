@@ -19,6 +19,18 @@ namespace fs = std::filesystem;
 
 namespace strata::test {
 
+namespace {
+// Commands the tests run without -m use the random-weight qwen3moe fixture (checked against
+// llama.cpp's logits), not the trained demo model users get; the demo model's tests name it
+// (test_demo_model.cpp). Set before main(), for every test and the strata processes it starts;
+// an outer $STRATA_MODEL wins.
+const bool kModelDefault = [] {
+  const std::string fixture = std::string(STRATA_SOURCE_DIR) + "/tests/data/models/qwen3moe/model-Q4_K_M.gguf";
+  return setenv("STRATA_MODEL", fixture.c_str(), /*overwrite=*/0) == 0;
+}();
+}  // namespace
+
+
 std::unique_ptr<Model> synth_q8_model(const char* name, std::vector<uint8_t>& bytes, uint32_t mtp_layers) {
   const SynthShape* shape = find_synth_shape(name);
   EXPECT_NE(shape, nullptr) << name;

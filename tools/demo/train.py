@@ -227,9 +227,9 @@ def evaluate(model, ids, c, n_chunks=None):
             logits, _ = model(x)
             lp = logits[0, :-1].log_softmax(-1)
             tgt = x[0, 1:]
-            first = c.n_ctx // 2
-            nll -= lp[first - 1:].gather(1, tgt[first - 1:, None]).sum().item()
-            n += len(tgt) - (first - 1)
+            first = c.n_ctx // 2  # logits of positions first .. n_ctx-2 score the tokens after them
+            nll -= lp[first:].gather(1, tgt[first:, None]).sum().item()
+            n += len(tgt) - first
     model.train()
     return math.exp(nll / n)
 
