@@ -24,10 +24,12 @@ namespace strata::prof {
 // attention_core is nested in attention (the softmax(Q K^T) V part, without the projections); the
 // others do not overlap.
 // tier_step: the tiers' work between forward passes (the GPU tier's promotions into VRAM).
-enum class Part { embed, attention, attention_core, router, experts, shared_ffn, output, sample, tier_step, count };
+enum class Part {
+  embed, attention, attention_core, router, experts, shared_ffn, output, sample, tier_step, engram, count
+};
 inline constexpr std::array<std::string_view, size_t(Part::count)> kPartNames = {
     "embed", "attention", "QK/softmax/V", "router", "experts", "shared/dense ffn", "output head", "sampling",
-    "tier step (promotions)"};
+    "tier step (promotions)", "Engram"};
 inline constexpr bool nested(Part p) { return p == Part::attention_core; }
 
 enum class Link { cpu, gpu, pcie_h2d, pcie_d2h, nvme_read, nvme_wait, count };

@@ -90,7 +90,8 @@ void Session::keep_rows(const float* rows, int64_t n) {
 }
 
 void Session::keep_hidden(bool on) {
-  STRATA_CHECK(!on || model_.hparams().arch != Arch::deepseek4, "keep_hidden: deepseek4 gives no hidden rows");
+  STRATA_CHECK(!on || (model_.hparams().arch != Arch::deepseek4 && model_.hparams().arch != Arch::deepseek41),
+               "keep_hidden: deepseek4 and deepseek41 give no hidden rows");
   keep_hidden_ = on;
   hidden_.clear();
   hidden_pos0_ = n_past_;

@@ -35,6 +35,10 @@ void forward(const Model& m, const Exec& ex, std::span<const SeqSpan> seqs, cons
       STRATA_CHECK(hidden == nullptr, "deepseek4's forward pass gives no hidden rows");
       forward_deepseek4(m, ex, seqs, tokens, all_logits, logits);
       break;
+    case Arch::deepseek41:
+      STRATA_CHECK(hidden == nullptr, "deepseek41's forward pass gives no hidden rows");
+      forward_deepseek41(m, ex, seqs, tokens, all_logits, logits);
+      break;
   }
 }
 
@@ -110,6 +114,8 @@ void init_cache(const Model& m, int n_ctx, KvCache& cache, KvType type) {
   const HParams& hp = m.hparams();
   if (hp.arch == Arch::deepseek4) {
     init_deepseek4_cache(m, n_ctx, cache);
+  } else if (hp.arch == Arch::deepseek41) {
+    init_deepseek41_cache(m, n_ctx, cache);
   } else if (hp.arch == Arch::deepseek2) {
     // MLA caches the normalised latent c and the roped shared k_pe: v is derived from c
     cache.init(hp.n_layer, n_ctx, hp.kv_lora_rank + hp.qk_rope, 0);

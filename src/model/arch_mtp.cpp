@@ -44,7 +44,8 @@ void forward_mtp(const Model& m, const Backend& be, std::span<const SeqSpan> seq
       break;
     }
     case Arch::deepseek4:
-      STRATA_CHECK(false, "forward_mtp: not built for deepseek4");
+    case Arch::deepseek41:
+      STRATA_CHECK(false, "forward_mtp: not built for deepseek4 or deepseek41");
       break;
     default:
       gqa_moe_block(m, ex, seqs, w.il, w.block, x.data(), n_tok, h.data(), y.data());

@@ -5,7 +5,7 @@
 // for the whole batch; attention runs per span over its own cache. Writes the logits of every token
 // ([n_tok][n_vocab]) when all_logits, else of the last token of each span ([n_spans][n_vocab]).
 // `hidden`, when not null, receives the last layer's output rows [n_tok][n_embd] (before the final
-// norm: what a multi-token-prediction layer reads); deepseek4 has no such rows to give.
+// norm: what a multi-token-prediction layer reads); deepseek4 and deepseek41 have no such rows to give.
 // `ex` is what the pass runs on (model/experts.h): the backend's dense ops, the routed experts
 // wherever their tiers keep them, and an optional routing override.
 #pragma once
@@ -62,9 +62,14 @@ void init_mtp_cache(const Model& m, int n_ctx, KvCache& cache, KvType type = KvT
 void forward_deepseek4(const Model& m, const Exec& ex, std::span<const SeqSpan> seqs, const int32_t* tokens,
                        bool all_logits, float* logits);
 void init_deepseek4_cache(const Model& m, int n_ctx, KvCache& cache);
+// deepseek41: Engram, lagged hyper-connections, compressed attention shared across layers
+// (arch_deepseek41.cpp); the Engram rows through ex.engram.
+void forward_deepseek41(const Model& m, const Exec& ex, std::span<const SeqSpan> seqs, const int32_t* tokens,
+                        bool all_logits, float* logits);
+void init_deepseek41_cache(const Model& m, int n_ctx, KvCache& cache);
 
 // The forward pass of m's architecture family (one of the above, the same arguments); hidden must
-// be null for deepseek4.
+// be null for deepseek4 and deepseek41.
 void forward(const Model& m, const Exec& ex, std::span<const SeqSpan> seqs, const int32_t* tokens, bool all_logits,
              float* logits, float* hidden = nullptr);
 

@@ -162,6 +162,9 @@ class GgufFile {
   Result<std::string> require_string(std::string_view key) const;
   // An array of numbers (ints or floats) as doubles; an error if an element is not a number.
   Result<std::optional<std::vector<double>>> get_number_array(std::string_view key) const;
+  // An array of non-negative integers, exactly (64-bit hash multipliers do not fit a double);
+  // an error if an element is not an integer or is negative.
+  Result<std::optional<std::vector<uint64_t>>> get_uint_array(std::string_view key) const;
 
  private:
   static Result<GgufFile> parse_impl(std::span<const uint8_t> bytes, uint64_t file_size, std::string name);

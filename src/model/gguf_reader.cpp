@@ -472,4 +472,22 @@ Result<std::optional<std::vector<double>>> GgufFile::get_number_array(std::strin
   return std::optional<std::vector<double>>{std::move(out)};
 }
 
+Result<std::optional<std::vector<uint64_t>>> GgufFile::get_uint_array(std::string_view key) const {
+  const GgufValue* v = find(key);
+  if (!v) return std::optional<std::vector<uint64_t>>{};
+  if (v->type != GgufType::array) return wrong_type(name_, key, v->type, "an array of integers");
+  std::vector<uint64_t> out;
+  out.reserve(v->elems.size());
+  for (const GgufValue& e : v->elems) {
+    if (!e.is_integer()) return wrong_type(name_, key, e.type, "an array of integers");
+    const bool is_signed = e.type == GgufType::i8 || e.type == GgufType::i16 || e.type == GgufType::i32 ||
+                           e.type == GgufType::i64;
+    if (is_signed && e.i < 0)
+      return Error{strfmt("%s: metadata key '%s' holds %lld (a non-negative integer is expected)", name_.c_str(),
+                          std::string(key).c_str(), static_cast<long long>(e.i))};
+    out.push_back(is_signed ? uint64_t(e.i) : e.u);
+  }
+  return std::optional<std::vector<uint64_t>>{std::move(out)};
+}
+
 }  // namespace strata

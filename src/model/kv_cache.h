@@ -55,6 +55,9 @@ struct KvCache {
     Compressor attn, index;
   };
   std::vector<CompressedLayer> compressed;
+  // deepseek41's Engram: the compressed token id of every position (its n-gram hashes read the
+  // ids before it)
+  std::vector<int32_t> engram_ids;  // [n_ctx]
 
   // Layers below `first` get no rows (a cache of the multi-token-prediction layer alone).
   void init(int n_layer, int ctx, int kw, int vw, int first = 0) {

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
@@ -186,6 +187,108 @@ Status read_shared_width(const GgufFile& f, KeyReader& k, HParams& hp) {
   return Status::success();
 }
 
+// deepseek41: each layer's role in the shared compressed attention, from its tensors (HParams
+// kv_source / topk_source / key_source). A layer that would read before any source is a broken file.
+Status read_deepseek41_roles(const GgufFile& f, HParams& hp) {
+  const int L = hp.n_layer;
+  hp.kv_source.assign(size_t(L), -1);
+  hp.topk_source.assign(size_t(L), -1);
+  hp.key_source.assign(size_t(L), -1);
+  int kv = -1, topk = -1, key = -1;
+  for (int il = 0; il < L; ++il) {
+    auto has = [&](const char* t) { return f.find_tensor(strfmt("blk.%d.%s", il, t)) != nullptr; };
+    const bool comp = has("attn_compressor_kv.weight"), query = has("indexer.attn_q_b.weight"),
+               owner = has("indexer.attn_k.weight");
+    const int r = hp.compress_ratio[size_t(il)];
+    if (r == 0) {
+      if (comp || query || owner)
+        return Error{strfmt("%s: blk.%d has compressed-attention tensors but deepseek41.attention.compress_ratios "
+                            "makes it window-only (0)", f.name().c_str(), il)};
+      continue;
+    }
+    if (owner && !comp)
+      return Error{strfmt("%s: blk.%d.indexer.attn_k.weight needs the layer's own attn_compressor_kv.weight (index "
+                          "keys come from its compressed rows)", f.name().c_str(), il)};
+    if (comp) kv = il;
+    if (owner) key = il;
+    if (query) topk = il;
+    if (kv < 0 || topk < 0 || key < 0)
+      return Error{strfmt("%s: blk.%d (compress ratio %d) reads compressed attention before any layer provides %s",
+                          f.name().c_str(), il, r,
+                          kv < 0 ? "attn_compressor_kv.weight" : key < 0 ? "indexer.attn_k.weight"
+                                                                          : "indexer.attn_q_b.weight")};
+    hp.kv_source[size_t(il)] = kv;
+    hp.topk_source[size_t(il)] = topk;
+    if (query) hp.key_source[size_t(il)] = key;
+  }
+  return Status::success();
+}
+
+// deepseek41's Engram keys (HParams::engram), checked against each table's rows and the vocabulary.
+Status read_engram(const GgufFile& f, HParams& hp) {
+  EngramParams& e = hp.engram;
+  const std::string a = "deepseek41.engram.";
+  auto ids = f.get_uint_array(a + "layer_ids");
+  if (!ids) return ids.error();
+  if (!ids->has_value() || (*ids)->empty()) return Status::success();  // no Engram layer
+  int prev = -1;
+  for (uint64_t il : **ids) {
+    if (il >= uint64_t(hp.n_layer) || int(il) <= prev)
+      return Error{strfmt("%s: %slayer_ids must be ascending layers below %d (holds %llu)", f.name().c_str(),
+                          a.c_str(), hp.n_layer, static_cast<unsigned long long>(il))};
+    e.layers.push_back(prev = int(il));
+  }
+  KeyReader k(f, a);
+  STRATA_TRY(k.u("head_count", e.n_head));
+  STRATA_TRY(k.u("key_length", e.key_length));
+  STRATA_TRY(k.u("max_ngram_size", e.max_ngram));
+  STRATA_TRY(k.u("pad_id", e.pad_id));
+  if (e.n_head < 1 || e.n_head > 64 || e.key_length < 1 || e.key_length > 65536 || e.max_ngram < 2 ||
+      e.max_ngram > 16 || e.pad_id < 0)
+    return Error{strfmt("%s: %shead_count %d, key_length %d, max_ngram_size %d or pad_id %d is out of range",
+                        f.name().c_str(), a.c_str(), e.n_head, e.key_length, e.max_ngram, e.pad_id)};
+  const size_t slots = e.layers.size(), per = size_t(e.rows_per_token());
+  auto table = [&](const char* key, size_t n, std::vector<uint64_t>& out) -> Status {
+    auto v = f.get_uint_array(a + key);
+    if (!v) return v.error();
+    if (!v->has_value() || (*v)->size() != n)
+      return Error{strfmt("%s: %s%s must be an array of %zu integers (%zu Engram layers x %zu)", f.name().c_str(),
+                          a.c_str(), key, n, slots, n / slots)};
+    out = std::move(**v);
+    return Status::success();
+  };
+  STRATA_TRY(table("multipliers", slots * size_t(e.max_ngram), e.multipliers));
+  STRATA_TRY(table("primes", slots * per, e.primes));
+  STRATA_TRY(table("offsets", slots * per, e.offsets));
+  for (size_t s = 0; s < slots; ++s) {
+    const std::string t = strfmt("blk.%d.engram_embd.weight", e.layers[s]);
+    const GgufTensorInfo* ti = f.find_tensor(t);
+    if (ti == nullptr || ti->n_dims != 2 || ti->ne[0] != uint64_t(e.key_length))
+      return Error{strfmt("%s: tensor '%s' is missing or not [%d, rows]", f.name().c_str(), t.c_str(), e.key_length)};
+    for (size_t c = 0; c < per; ++c) {
+      const uint64_t prime = e.primes[s * per + c], off = e.offsets[s * per + c];
+      if (prime == 0 || off > ti->ne[1] || prime > ti->ne[1] - off)
+        return Error{strfmt("%s: %sprimes / offsets [layer %d, column %zu] = %llu / %llu do not fit the %llu rows of "
+                            "%s", f.name().c_str(), a.c_str(), e.layers[s], c, static_cast<unsigned long long>(prime),
+                            static_cast<unsigned long long>(off), static_cast<unsigned long long>(ti->ne[1]),
+                            t.c_str())};
+    }
+  }
+  auto map = f.get_uint_array(a + "token_map");
+  if (!map) return map.error();
+  const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
+  const uint64_t n_vocab = embd != nullptr && embd->n_dims == 2 ? embd->ne[1] : 0;
+  if (!map->has_value() || (*map)->size() != n_vocab)
+    return Error{strfmt("%s: %stoken_map must hold one compressed id per token (%llu), not %zu", f.name().c_str(),
+                        a.c_str(), static_cast<unsigned long long>(n_vocab), map->has_value() ? (*map)->size() : 0)};
+  for (uint64_t c : **map) {
+    if (c > uint64_t(INT32_MAX))
+      return Error{strfmt("%s: %stoken_map holds %llu", f.name().c_str(), a.c_str(), static_cast<unsigned long long>(c))};
+    e.token_map.push_back(int32_t(c));
+  }
+  return Status::success();
+}
+
 Result<HParams> read_hparams(const GgufFile& f) {
   HParams hp;
   auto arch = f.require_string("general.architecture");
@@ -197,9 +300,12 @@ Result<HParams> read_hparams(const GgufFile& f) {
   else if (*arch == "deepseek2") hp.arch = Arch::deepseek2;
   else if (*arch == "gpt-oss") hp.arch = Arch::gpt_oss;
   else if (*arch == "deepseek4") hp.arch = Arch::deepseek4;
+  else if (*arch == "deepseek41") hp.arch = Arch::deepseek41;
   else
     return Error{strfmt("%s: architecture '%s' is not supported (strata runs qwen3moe, qwen2moe, "
-                        "llama (Mixtral), deepseek2, deepseek4 and gpt-oss)", f.name().c_str(), arch->c_str())};
+                        "llama (Mixtral), deepseek2, deepseek4, deepseek41 and gpt-oss)", f.name().c_str(),
+                        arch->c_str())};
+  const bool ds4 = hp.arch == Arch::deepseek4 || hp.arch == Arch::deepseek41;
 
   KeyReader k(f, *arch + ".");
   STRATA_TRY(k.u("block_count", hp.n_layer));
@@ -228,13 +334,13 @@ Result<HParams> read_hparams(const GgufFile& f) {
   STRATA_TRY(k.f("rope.freq_base", hp.rope.freq_base, false));
   hp.rope.n_rot = hp.head_dim_k;
   STRATA_TRY(k.u("rope.dimension_count", hp.rope.n_rot, false));
-  hp.rope.kind = hp.arch == Arch::llama || hp.arch == Arch::deepseek2 || hp.arch == Arch::deepseek4
+  hp.rope.kind = hp.arch == Arch::llama || hp.arch == Arch::deepseek2 || ds4
                      ? cpu::RopeKind::norm
                      : cpu::RopeKind::neox;
   auto scaling = f.get_string(*arch + ".rope.scaling.type");
   if (!scaling) return scaling.error();
-  if (scaling->has_value() && **scaling == "yarn" && hp.arch == Arch::deepseek4) {
-    // deepseek4: YaRN applies to the compressed layers only (their own rope, below)
+  if (scaling->has_value() && **scaling == "yarn" && ds4) {
+    // deepseek4, deepseek41: YaRN applies to the compressed layers only (their own rope, below)
     STRATA_TRY(k.f("rope.scaling.factor", hp.rope_compressed.factor));
     STRATA_TRY(k.u("rope.scaling.original_context_length", hp.rope_compressed.n_ctx_orig));
   } else if (scaling->has_value() && **scaling == "yarn") {
@@ -298,12 +404,13 @@ Result<HParams> read_hparams(const GgufFile& f) {
       if (hp.rope.ext_factor != 0) hp.rope.attn_factor = 1.0f / (1.0f + 0.1f * std::log(hp.rope.factor));
       break;
     }
-    case Arch::deepseek4: {
+    case Arch::deepseek4:
+    case Arch::deepseek41: {
       int gating = 0;
       STRATA_TRY(k.u("expert_gating_func", gating));
       if (gating != 4)
-        return Error{strfmt("%s: deepseek4.expert_gating_func %d is not known (4: sqrt(softplus))",
-                            f.name().c_str(), gating)};
+        return Error{strfmt("%s: %s.expert_gating_func %d is not known (4: sqrt(softplus))", f.name().c_str(),
+                            arch->c_str(), gating)};
       hp.gating = Gating::sqrt_softplus;
       hp.norm_topk = true;
       STRATA_TRY(k.b("expert_weights_norm", hp.norm_topk));
@@ -343,23 +450,34 @@ Result<HParams> read_hparams(const GgufFile& f) {
         return Status::success();
       };
       if (hp.n_layer <= 0 || hp.n_layer > 4096)
-        return Error{strfmt("%s: deepseek4.block_count %d is out of range", f.name().c_str(), hp.n_layer)};
+        return Error{strfmt("%s: %s.block_count %d is out of range", f.name().c_str(), arch->c_str(), hp.n_layer)};
       STRATA_TRY(numbers("attention.compress_ratios", size_t(hp.n_layer), hp.compress_ratio));
       STRATA_TRY(numbers("swiglu_clamp_exp", size_t(hp.n_layer), hp.clamp_exp));
       STRATA_TRY(numbers("swiglu_clamp_shexp", size_t(hp.n_layer), hp.clamp_shexp));
-      for (int r : hp.compress_ratio)
-        if (r != 0 && r != 4 && r != 128)
+      for (int r : hp.compress_ratio) {
+        if (hp.arch == Arch::deepseek4 && r != 0 && r != 4 && r != 128)
           return Error{strfmt("%s: deepseek4 compress ratio %d is not supported (0, 4 or 128)", f.name().c_str(), r)};
+        if (hp.arch == Arch::deepseek41 && (r < 0 || r > 4096))
+          return Error{strfmt("%s: deepseek41.attention.compress_ratios holds %d (0: window only, or 1..4096)",
+                              f.name().c_str(), r)};
+      }
       if (hp.n_head_kv != 1 || hp.head_dim_k != hp.head_dim_v || hp.hc_streams < 1 || hp.hc_streams > 16 ||
           hp.o_groups <= 0 || hp.n_head % hp.o_groups != 0 || hp.o_lora_rank <= 0 || hp.o_lora_rank % 16 != 0 ||
           hp.n_hash_layers > hp.n_layer ||
           hp.idx_top_k <= 0 || hp.idx_head_dim < hp.rope.n_rot || hp.n_idx_head <= 0)
-        return Error{strfmt("%s: inconsistent deepseek4 hyperparameters (kv heads %d, key %d / value %d, "
+        return Error{strfmt("%s: inconsistent %s hyperparameters (kv heads %d, key %d / value %d, "
                             "%d streams, %d output groups of rank %d (a multiple of 16) for %d heads, %d hash layers, "
                             "indexer %d x %d top %d)",
-                            f.name().c_str(), hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, hp.hc_streams,
+                            f.name().c_str(), arch->c_str(), hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, hp.hc_streams,
                             hp.o_groups, hp.o_lora_rank, hp.n_head, hp.n_hash_layers, hp.n_idx_head, hp.idx_head_dim,
                             hp.idx_top_k)};
+      if (hp.arch == Arch::deepseek41) {
+        if (hp.n_hash_layers != 0)
+          return Error{strfmt("%s: deepseek41.hash_layer_count is %d (DeepSeek-V4.1 has no hash-routed layers)",
+                              f.name().c_str(), hp.n_hash_layers)};
+        STRATA_TRY(read_deepseek41_roles(f, hp));
+        STRATA_TRY(read_engram(f, hp));
+      }
       break;
     }
   }
@@ -400,6 +518,42 @@ Result<HParams> read_hparams(const GgufFile& f) {
   return hp;
 }
 
+// deepseek41's compressed attention by the layer's roles (HParams::kv_source ...): a KV source's
+// compressor (no position embedding; ratio 1 has no gate), an index source's indexer query, a key
+// owner's index-key projection; and an Engram layer's table, projection and gate weights.
+Status load_deepseek41_compressed(TensorGetter& g, const HParams& hp, int il, LayerWeights& l) {
+  auto n = [&](const char* s) { return strfmt("blk.%d.%s", il, s); };
+  const int64_t E = hp.n_embd, D = hp.head_dim_k, Q = hp.q_lora_rank, IH = hp.n_idx_head, ID = hp.idx_head_dim;
+  const size_t i = size_t(il);
+  if (hp.kv_source[i] == il) {
+    ASSIGN_OR_RETURN(l.comp_kv, g.get(n("attn_compressor_kv.weight"), {E, D}));
+    ASSIGN_OR_RETURN(l.comp_gate, g.get(n("attn_compressor_gate.weight"), {E, D}, hp.compress_ratio[i] > 1));
+    ASSIGN_OR_RETURN(l.comp_norm, g.get_f32(n("attn_compressor_norm.weight"), {D}));
+  }
+  if (hp.topk_source[i] == il) {
+    ASSIGN_OR_RETURN(l.idx_q_b, g.get(n("indexer.attn_q_b.weight"), {Q, IH * ID}));
+    ASSIGN_OR_RETURN(l.idx_proj, g.get(n("indexer.proj.weight"), {E, IH}));
+  }
+  if (g.file().find_tensor(n("indexer.attn_k.weight")) != nullptr) {
+    ASSIGN_OR_RETURN(l.idx_k, g.get(n("indexer.attn_k.weight"), {D, ID}));
+    ASSIGN_OR_RETURN(l.idx_k_norm, g.get_f32(n("indexer.k_norm.weight"), {ID}));
+  }
+  return Status::success();
+}
+
+Status load_engram(TensorGetter& g, const HParams& hp, int il, LayerWeights& l) {
+  const EngramParams& e = hp.engram;
+  if (e.slot(il) < 0) return Status::success();
+  auto n = [&](const char* s) { return strfmt("blk.%d.%s", il, s); };
+  const int64_t E = hp.n_embd, S = hp.hc_streams;
+  const GgufTensorInfo* t = g.file().find_tensor(n("engram_embd.weight"));  // its rows: read_engram checked
+  ASSIGN_OR_RETURN(l.engram_embd, g.get(n("engram_embd.weight"), {e.key_length, int64_t(t->ne[1])}));
+  ASSIGN_OR_RETURN(l.engram_wkv, g.get(n("engram_wkv.weight"), {int64_t(e.rows_per_token()) * e.key_length, (S + 1) * E}));
+  ASSIGN_OR_RETURN(l.engram_q, g.get_f32(n("engram_q.weight"), {E, S}));
+  ASSIGN_OR_RETURN(l.engram_k, g.get_f32(n("engram_k.weight"), {E, S}));
+  return Status::success();
+}
+
 // deepseek4's attention sublayer, its compressor and indexer, and both hyper-connection mixers.
 Status load_deepseek4_attention(TensorGetter& g, const HParams& hp, int il, LayerWeights& l) {
   auto n = [&](const char* s) { return strfmt("blk.%d.%s", il, s); };
@@ -421,6 +575,7 @@ Status load_deepseek4_attention(TensorGetter& g, const HParams& hp, int il, Laye
   ASSIGN_OR_RETURN(l.hc_ffn_scale, g.get_f32(n("hc_ffn_scale.weight"), {3}));
   const int r = hp.compress_ratio[size_t(il)];
   if (r == 0) return Status::success();
+  if (hp.arch == Arch::deepseek41) return load_deepseek41_compressed(g, hp, il, l);
   const int64_t W = r == 4 ? 2 * D : D;  // ratio 4 pools overlapping pairs of blocks
   ASSIGN_OR_RETURN(l.comp_kv, g.get(n("attn_compressor_kv.weight"), {E, W}));
   ASSIGN_OR_RETURN(l.comp_gate, g.get(n("attn_compressor_gate.weight"), {E, W}));
@@ -447,8 +602,9 @@ Status load_layer(TensorGetter& g, const HParams& hp, int il, LayerWeights& l) {
   const char* ffn_norm = oss ? "post_attention_norm.weight" : "ffn_norm.weight";
   ASSIGN_OR_RETURN(l.ffn_norm, g.get_f32(n(ffn_norm), {E}));
 
-  if (hp.arch == Arch::deepseek4) {
+  if (hp.arch == Arch::deepseek4 || hp.arch == Arch::deepseek41) {
     STRATA_TRY(load_deepseek4_attention(g, hp, il, l));
+    STRATA_TRY(load_engram(g, hp, il, l));
   } else if (hp.arch == Arch::deepseek2) {
     const int64_t QK = hp.qk_nope + hp.qk_rope, R = hp.kv_lora_rank;
     if (hp.q_lora_rank > 0) {
@@ -499,7 +655,7 @@ Status load_layer(TensorGetter& g, const HParams& hp, int il, LayerWeights& l) {
   if (hp.arch == Arch::deepseek2) {
     ASSIGN_OR_RETURN(l.exp_probs_b, g.get_f32(n("exp_probs_b.bias"), {X}, hp.gating == Gating::sigmoid));
   }
-  if (hp.arch == Arch::deepseek4) {
+  if (hp.arch == Arch::deepseek4 || hp.arch == Arch::deepseek41) {
     const bool hash = il < hp.n_hash_layers;
     ASSIGN_OR_RETURN(l.exp_probs_b, g.get_f32(n("exp_probs_b.bias"), {X}, !hash));
     if (hash) {
@@ -529,8 +685,8 @@ void load_mtp(TensorGetter& g, Model& m) {
     m.mtp_error = "the model has no multi-token-prediction (nextn) layer";
     return;
   }
-  if (hp.arch == Arch::deepseek4) {
-    m.mtp_error = "multi-token prediction is not built for deepseek4 (its nextn layer is not loaded)";
+  if (hp.arch == Arch::deepseek4 || hp.arch == Arch::deepseek41) {
+    m.mtp_error = "multi-token prediction is not built for " + hp.arch_name + " (its nextn layer is not loaded)";
     return;
   }
   auto mtp = std::make_unique<MtpWeights>();
@@ -569,6 +725,19 @@ uint64_t kv_bytes_per_token(const HParams& hp, KvType type) {
       const int r = hp.compress_ratio[size_t(il)];
       floats += hp.head_dim_k;
       if (r > 0) floats += double(hp.head_dim_k) / r + (r == 4 ? double(hp.idx_head_dim) / r : 0.0);
+    }
+    return uint64_t(std::ceil(floats * sizeof(float)));
+  }
+  if (hp.arch == Arch::deepseek41) {
+    // float rows: the raw K = V row of every layer, a compressed row per `ratio` positions of each
+    // KV source and an index key per `ratio` positions of each key owner; one compressed id
+    double floats = 1;
+    for (int il = 0; il < hp.n_layer; ++il) {
+      const int r = hp.compress_ratio[size_t(il)];
+      floats += hp.head_dim_k;
+      if (r > 0 && hp.kv_source[size_t(il)] == il) floats += double(hp.head_dim_k) / r;
+      if (r > 0 && std::find(hp.key_source.begin(), hp.key_source.end(), il) != hp.key_source.end())
+        floats += double(hp.idx_head_dim) / r;
     }
     return uint64_t(std::ceil(floats * sizeof(float)));
   }

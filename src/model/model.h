@@ -17,7 +17,7 @@
 
 namespace strata {
 
-enum class Arch { qwen3moe, qwen2moe, llama, deepseek2, gpt_oss, deepseek4 };
+enum class Arch { qwen3moe, qwen2moe, llama, deepseek2, gpt_oss, deepseek4, deepseek41 };
 
 // How router logits z become expert choices and weights.
 //  softmax:       choose by softmax(z), weigh by it (renormalised over the chosen if norm_topk)
@@ -35,6 +35,26 @@ enum class GluKind { silu, swiglu_oai, silu_clamp };
 struct GluParams {
   GluKind kind = GluKind::silu;
   float alpha = 1.0f, limit = 0.0f;
+};
+
+// deepseek41's Engram (fixtures README, deepseek41): on each Engram layer, before the block, every
+// token adds hashed n-gram embeddings to its streams. Token ids are compressed by token_map; for
+// order n = 2..max_ngram the last n compressed ids (pad_id before the sequence start) are hashed
+// r = c[p] m[0] ^ c[p-1] m[1] ^ ... (wrapping 64-bit), and for each of the order's n_head heads the
+// row is r mod prime + offset of blk.L.engram_embd (key_length values a row).
+struct EngramParams {
+  std::vector<int> layers;  // the Engram layers, ascending; slot i is layers[i]
+  int n_head = 0, key_length = 0, max_ngram = 0;
+  int pad_id = 0;                      // a compressed id
+  std::vector<int32_t> token_map;      // [n_vocab]: token id -> compressed id
+  std::vector<uint64_t> multipliers;   // [slot][max_ngram]
+  std::vector<uint64_t> primes, offsets;  // [slot][rows_per_token()], order-major, then head
+  int rows_per_token() const { return (max_ngram - 1) * n_head; }
+  int slot(int il) const {
+    for (size_t i = 0; i < layers.size(); ++i)
+      if (layers[i] == il) return int(i);
+    return -1;
+  }
 };
 
 struct HParams {
@@ -89,8 +109,18 @@ struct HParams {
   int n_hash_layers = 0;              // layers il < n_hash_layers route by token id
   std::vector<float> clamp_exp, clamp_shexp;  // per layer SwiGLU limits
   const cpu::RopeParams& layer_rope(int il) const {
-    return arch == Arch::deepseek4 && compress_ratio[size_t(il)] > 0 ? rope_compressed : rope;
+    return (arch == Arch::deepseek4 || arch == Arch::deepseek41) && compress_ratio[size_t(il)] > 0 ? rope_compressed
+                                                                                                  : rope;
   }
+
+  // deepseek41 (fixtures README): compressed attention shared across layers. Per layer, the layer
+  // whose compressed rows it attends to (kv_source: the last layer at or before it with a
+  // compressor, its own when it has one), whose top-k choice it uses (topk_source: the last with an
+  // indexer query) and, for an index source, whose index keys it scores (key_source: the last with
+  // indexer.attn_k, a KV source); -1 for window-only layers. Ratios are any r >= 1 (pooling r
+  // tokens, no overlap; ratio 1 is a plain projection).
+  std::vector<int> kv_source, topk_source, key_source;
+  EngramParams engram;
 
   int token_bos = -1, token_eos = -1;
 };
@@ -123,6 +153,11 @@ struct LayerWeights {
   Weight idx_q_b, idx_proj;                        // lightning indexer (ratio-4 layers)
   Weight idx_comp_kv, idx_comp_gate, idx_comp_ape, idx_comp_norm;
   Weight tid2eid;                                  // hash-routed layers: I32 [n_vocab][k]
+  // deepseek41: the index keys' projection of a key owner, and the Engram of an Engram layer
+  Weight idx_k, idx_k_norm;                        // [head_dim] -> [idx_head_dim], its RMSNorm
+  Weight engram_embd;   // [rows][key_length]: the hashed n-gram table (the tier may keep it on disk)
+  Weight engram_wkv;    // [rows_per_token * key_length] -> [(S + 1) * n_embd]: S keys, one value
+  Weight engram_q, engram_k;  // F32 [S][n_embd]: the gate's per-stream weights
   bool is_moe() const { return bool(gate_exps); }
 };
 
