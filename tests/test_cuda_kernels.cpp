@@ -418,7 +418,7 @@ TEST(CudaBackend, FixtureLogitsOfEveryArchitecture) {
   SKIP_WITHOUT_DEVICE();
   const auto dir = test::fixtures_dir();
   if (!dir) GTEST_SKIP() << "../shared/fixtures not found";
-  for (const char* arch : {"qwen3moe", "qwen2moe", "llama", "gpt-oss", "deepseek2", "deepseek4"})
+  for (const char* arch : {"qwen3moe", "qwen2moe", "llama", "gpt-oss", "deepseek2", "deepseek4", "deepseek41"})
     for (const auto& entry : std::filesystem::directory_iterator(*dir / "models" / arch)) {
       const std::string name = entry.path().filename().string();
       if (name.rfind("model-", 0) != 0 || entry.path().extension() != ".gguf") continue;
@@ -664,7 +664,8 @@ TEST_P(GpuTierCudaArch, RoutedExpertsOnTheGpuMatchTheCpuOnlyPath) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, GpuTierCudaArch,
-                         ::testing::Values("tiny", "tiny-deepseek2", "tiny-gpt-oss", "tiny-mixtral", "tiny-deepseek4"));
+                         ::testing::Values("tiny", "tiny-deepseek2", "tiny-gpt-oss", "tiny-mixtral", "tiny-deepseek4",
+                                           "tiny-deepseek41"));
 
 }  // namespace
 }  // namespace strata

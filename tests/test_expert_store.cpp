@@ -154,7 +154,7 @@ TEST(ExpertStore, StreamedEqualsInRam) {
 // CPU from RAM or read from the file. Decode is bit-identical to the all-in-RAM model on every
 // architecture, and each tier serves some uses.
 TEST(ThreeTiers, SimulatedVramRamAndNvmeEqualTheAllInRamRun) {
-  for (const char* shape : {"tiny", "tiny-deepseek2", "tiny-gpt-oss", "tiny-mixtral", "tiny-deepseek4"}) {
+  for (const char* shape : {"tiny", "tiny-deepseek2", "tiny-gpt-oss", "tiny-mixtral", "tiny-deepseek4", "tiny-deepseek41"}) {
     SCOPED_TRACE(shape);
     StreamedModel sm(shape);
     const auto ram = sm.in_ram();

@@ -249,6 +249,12 @@ TEST(GgufMalformed, HostileDeepSeekHyperparameters) {
     const char* message;
   };
   std::vector<int32_t> bad_ratios = {0, 5, 128};
+  std::vector<int32_t> early = {2, 2, 2, 1}, window = {0, 0, 2, 1}, negative = {0, -2, 2, 1};
+  auto u64s = [](const std::vector<uint64_t>& v) {
+    std::vector<GgufValue> e;
+    for (uint64_t x : v) e.push_back(GgufValue::make_u64(x));
+    return GgufValue::make_array(GgufType::u64, std::move(e));
+  };
   const Case cases[] = {
       {"tiny-deepseek2", "deepseek2.expert_shared_count", GgufValue::make_u32(721420289), "expert_shared_count"},
       {"tiny-deepseek4", "deepseek4.expert_shared_count", GgufValue::make_u32(721420289), "expert_shared_count"},
@@ -256,6 +262,20 @@ TEST(GgufMalformed, HostileDeepSeekHyperparameters) {
       {"tiny-deepseek4", "deepseek4.attention.compress_ratios", GgufValue::make_i32_array(bad_ratios), "compress ratio 5"},
       {"tiny-deepseek4", "deepseek4.attention.output_lora_rank", GgufValue::make_u32(24), "output groups"},
       {"tiny-deepseek4", "deepseek4.expert_gating_func", GgufValue::make_u32(2), "expert_gating_func"},
+      // deepseek41: layer roles, the Engram hash layout
+      {"tiny-deepseek41", "deepseek41.attention.compress_ratios", GgufValue::make_i32_array(early), "before any layer"},
+      {"tiny-deepseek41", "deepseek41.attention.compress_ratios", GgufValue::make_i32_array(window), "window-only"},
+      {"tiny-deepseek41", "deepseek41.attention.compress_ratios", GgufValue::make_i32_array(negative), "compress_ratios"},
+      {"tiny-deepseek41", "deepseek41.hash_layer_count", GgufValue::make_u32(1), "hash_layer_count"},
+      {"tiny-deepseek41", "deepseek41.engram.primes", u64s(std::vector<uint64_t>(12, 1000000)), "do not fit"},
+      {"tiny-deepseek41", "deepseek41.engram.primes", u64s(std::vector<uint64_t>(12, 0)), "do not fit"},
+      {"tiny-deepseek41", "deepseek41.engram.offsets", u64s(std::vector<uint64_t>(11, 0)), "offsets must be an array of 12"},
+      {"tiny-deepseek41", "deepseek41.engram.multipliers", u64s({1, 2, 3}), "multipliers must be"},
+      {"tiny-deepseek41", "deepseek41.engram.token_map", u64s(std::vector<uint64_t>(1000, 1)), "token_map must hold"},
+      {"tiny-deepseek41", "deepseek41.engram.token_map", GgufValue::make_f32_array(std::vector<float>(1024, 0.5f)), "token_map"},
+      {"tiny-deepseek41", "deepseek41.engram.layer_ids", u64s({2, 0}), "layer_ids must be ascending"},
+      {"tiny-deepseek41", "deepseek41.engram.layer_ids", u64s({0, 9}), "layer_ids must be ascending"},
+      {"tiny-deepseek41", "deepseek41.engram.max_ngram_size", GgufValue::make_u32(1), "max_ngram_size"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(c.shape) + " " + c.key);

@@ -52,7 +52,8 @@ TEST_P(GpuTierArch, LogitsEqualTheCpuOnlyPathBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, GpuTierArch,
-                         ::testing::Values("tiny", "tiny-deepseek2", "tiny-gpt-oss", "tiny-mixtral", "tiny-deepseek4"));
+                         ::testing::Values("tiny", "tiny-deepseek2", "tiny-gpt-oss", "tiny-mixtral", "tiny-deepseek4",
+                                           "tiny-deepseek41"));
 
 // A session's growing KV cache takes expert slots; when the session ends they come back.
 TEST(GpuTier, KvCacheOfAGrowingContextTakesSlotsAndGivesThemBack) {

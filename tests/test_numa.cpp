@@ -233,7 +233,7 @@ TEST(Numa, ShardedExpertsGiveTheOneNodeLogitsBitForBit) {
   std::vector<const char*> topologies = {"numa:2 core:2 pu:1"};
   if (threads >= 4) topologies.push_back("pack:2 numa:2 core:1 pu:1");
   std::vector<std::filesystem::path> models = {test::data_dir() / "models" / "qwen3moe" / "model-Q4_K_M.gguf"};
-  for (const char* shape : {"tiny-deepseek2", "tiny-gpt-oss", "tiny-mixtral", "tiny-deepseek4"}) models.push_back(synth_file(shape));
+  for (const char* shape : {"tiny-deepseek2", "tiny-gpt-oss", "tiny-mixtral", "tiny-deepseek4", "tiny-deepseek41"}) models.push_back(synth_file(shape));
   for (const auto& path : models) {
     auto m = load_in_ram(path);
     ASSERT_TRUE(m);

@@ -158,7 +158,8 @@ TEST_P(RoutedExpertsArch, TheOverrideDecidesAndItsPeekIsTheLookAhead) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, RoutedExpertsArch,
-                         ::testing::Values("tiny", "tiny-deepseek2", "tiny-gpt-oss", "tiny-mixtral", "tiny-deepseek4"));
+                         ::testing::Values("tiny", "tiny-deepseek2", "tiny-gpt-oss", "tiny-mixtral", "tiny-deepseek4",
+                                           "tiny-deepseek41"));
 
 // The nextn (MTP) layer's experts are its own: its block computes them from its weights, never
 // through the tiers, and no override replaces its routing; a main layer's block does both.

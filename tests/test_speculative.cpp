@@ -264,7 +264,8 @@ TEST_P(SpeculativeArch, GreedyOutputIdenticalToPlainDecoding) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, SpeculativeArch,
-                         ::testing::Values("tiny", "tiny-deepseek2", "tiny-gpt-oss", "tiny-mixtral", "tiny-deepseek4"));
+                         ::testing::Values("tiny", "tiny-deepseek2", "tiny-gpt-oss", "tiny-mixtral", "tiny-deepseek4",
+                                           "tiny-deepseek41"));
 
 // A drafter that ignores k (proposes the whole rest of the plain run) is cut to k: same output, no
 // step longer than the context or deepseek4's rings allow.

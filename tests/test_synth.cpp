@@ -203,6 +203,49 @@ TEST(SynthFixtures, TinyShapesEqualTheLlamaCppFiles) {
   }
 }
 
+// tiny-deepseek41 against ik_llama.cpp's dialect as the deepseek41 fixture writes it (a Python
+// writer: its key order is not llama.cpp's): every key with its type and value, but the Engram
+// hash layout (its own primes, multipliers and token map: random, of the same shape) and the
+// names; every tensor's name, type and shape, but the tables' row counts (their
+// primes). It loads and runs.
+TEST(SynthFixtures, TinyDeepSeek41HasTheFixturesLayout) {
+  auto dir = test::fixtures_dir();
+  if (!dir) GTEST_SKIP() << "../shared/fixtures not found";
+  auto want = GgufFile::open((*dir / "models" / "deepseek41" / "model-Q8_0.gguf").string());
+  ASSERT_TRUE(want.ok()) << want.error().message;
+  const std::vector<uint8_t> bytes = plan_of("tiny-deepseek41", SynthQuant::q8_0).write_memory();
+  auto got = GgufFile::parse(bytes, "synth");
+  ASSERT_TRUE(got.ok()) << got.error().message;
+  ASSERT_EQ(got->kvs().size(), want->kvs().size());
+  for (const GgufKv& w : want->kvs()) {
+    const GgufValue* g = got->find(w.key);
+    ASSERT_NE(g, nullptr) << w.key;
+    EXPECT_EQ(g->type, w.value.type) << w.key;
+    EXPECT_EQ(g->elem_type, w.value.elem_type) << w.key;
+    EXPECT_EQ(g->elems.size(), w.value.elems.size()) << w.key;
+    const bool layout = w.key == "deepseek41.engram.multipliers" || w.key == "deepseek41.engram.primes" ||
+                        w.key == "deepseek41.engram.offsets" || w.key == "deepseek41.engram.token_map";
+    if (layout || w.key == "general.name" || w.key == "general.description") continue;
+    EXPECT_TRUE(same_value(*g, w.value)) << w.key << ": " << g->to_display_string() << " vs "
+                                         << w.value.to_display_string();
+  }
+  ASSERT_EQ(got->tensors().size(), want->tensors().size());
+  for (const GgufTensorInfo& w : want->tensors()) {
+    const GgufTensorInfo* g = got->find_tensor(w.name);
+    ASSERT_NE(g, nullptr) << w.name;
+    EXPECT_EQ(g->type, w.type) << w.name;
+    EXPECT_EQ(g->ne[0], w.ne[0]) << w.name;
+    if (w.name.find("engram_embd") == std::string::npos) EXPECT_EQ(g->shape_string(), w.shape_string()) << w.name;
+  }
+  auto m = Model::load(std::move(*got));
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  EXPECT_EQ((*m)->hparams().kv_source, (std::vector<int>{-1, 1, 1, 3}));
+  Session s(**m, 64, cpu::MatmulPath::quantized);
+  auto l = s.eval(std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 9});
+  ASSERT_TRUE(l.ok()) << l.error().message;
+  for (float v : *l) ASSERT_TRUE(std::isfinite(v));
+}
+
 // ---- the real shapes, checked without writing their data ----
 
 struct BigShapeCase {

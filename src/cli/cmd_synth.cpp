@@ -22,6 +22,7 @@ struct SynthArgs {
   uint64_t seed = 1;
   uint32_t layers = 0;  // 0: the shape's
   uint32_t mtp = 0;     // multi-token-prediction layers after the main ones
+  uint64_t engram_rows = 0;  // deepseek41: rows of each Engram table (0: the shape's)
   bool list = false;
 };
 
@@ -80,7 +81,13 @@ int run_synth(const SynthArgs& a) {
                  a.quant.c_str());
     return 2;
   }
-  auto plan = build_synth_plan(*shape, *quant, {.seed = a.seed, .vocab_path = a.vocab, .mtp_layers = a.mtp});
+  if (a.engram_rows > 0 && shape->arch != SynthArch::deepseek41) {
+    std::fprintf(stderr, "strata synth: --engram-rows is for deepseek41 shapes (%s has no Engram)\n",
+                 a.shape.c_str());
+    return 2;
+  }
+  auto plan = build_synth_plan(*shape, *quant,
+                               {.seed = a.seed, .vocab_path = a.vocab, .mtp_layers = a.mtp, .engram_rows = a.engram_rows});
   if (!plan) {
     std::fprintf(stderr, "strata synth: %s\n", plan.error().message.c_str());
     return 1;
@@ -132,7 +139,7 @@ Runner add_synth_command(CLI::App& app) {
   sub->add_option("--seed", args->seed, "seed of the random weights")->capture_default_str();
   sub->add_option("--mtp", args->mtp,
                   "multi-token-prediction (nextn) layers to add after the main ones, as DeepSeek-V3 ships one "
-                  "(for --draft mtp; not deepseek4)")
+                  "(for --draft mtp; not deepseek4 or deepseek41)")
       ->check(CLI::Range(0, 4));
   sub->add_option("--vocab", args->vocab,
                   "copy the tokenizer from this GGUF (n_vocab follows it; default: a generated "
@@ -140,6 +147,10 @@ Runner add_synth_command(CLI::App& app) {
   sub->add_option("--layers", args->layers,
                   "keep only the first N layers of the shape (a smaller file of the same layer "
                   "shapes, for quick benchmarks)");
+  sub->add_option("--engram-rows", args->engram_rows,
+                  "deepseek41: about N rows in each Engram table instead of the shape's (DeepSeek-V4.1-Flash: "
+                  "384M, 98 GiB a table at Q8_0), so a test file fits the disk")
+      ->check(CLI::Range(uint64_t(64), uint64_t(1) << 40));
   sub->add_flag("--list", args->list, "list the shapes and their file sizes");
   return [args] { return run_synth(*args); };
 }

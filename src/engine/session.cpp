@@ -169,13 +169,16 @@ int64_t Session::truncate(int64_t n) {
   STRATA_CHECK(n >= 0 && n <= n_past_);
   if (n == n_past_ || cache_.compressed.empty()) return n_past_ = n;
   // A block [b, b + r) is pooled from the ring when its last token is evaluated, from its own
-  // tokens and (ratio 4, 2r slots) the block before; resuming at n needs the ring slots of the
-  // tokens from n's block (or the one before it) up to n, which a later token p overwrote when
-  // p - slots reached them: intact while n's block ends at or after n_past.
+  // tokens and (deepseek4's ratio 4, whose pools are twice as wide) the block before; resuming at
+  // n needs the ring slots of the tokens from n's block (or the one before it) up to n, which a
+  // later token p overwrote when p - slots reached them.
   bool exact = true;
   for (const KvCache::CompressedLayer& cl : cache_.compressed)
-    for (const KvCache::Compressor* c : {&cl.attn, &cl.index})
-      if (cl.ratio > 0 && c->slots > 0 && n / cl.ratio * cl.ratio + cl.ratio < n_past_) exact = false;
+    for (const KvCache::Compressor* c : {&cl.attn, &cl.index}) {
+      if (cl.ratio == 0 || c->slots == 0) continue;
+      const int64_t needed_from = n / cl.ratio * cl.ratio - (c->pool_width > c->width ? cl.ratio : 0);
+      if (needed_from + c->slots < n_past_) exact = false;
+    }
   if (!exact) {
     if (checkpoint_pos_ < 0 || checkpoint_pos_ > n) return n_past_ = 0;
     n = checkpoint_pos_;

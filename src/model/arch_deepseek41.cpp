@@ -267,7 +267,9 @@ void init_deepseek41_cache(const Model& m, int n_ctx, KvCache& cache) {
     if (hp.kv_source[size_t(il)] == il) {
       KvCache::Compressor& c = cl.attn;
       c.width = c.pool_width = hp.head_dim_k;
-      c.slots = r;
+      // a block needs only its own tokens, but the ring keeps at least 16 (a multiple of the
+      // ratio): speculative decoding rewinds up to `slots` tokens exactly (Session)
+      c.slots = r >= 16 ? r : (16 + r - 1) / r * r;
       c.ring_a.assign(size_t(c.slots * c.pool_width), 0.0f);
       c.ring_s.assign(size_t(c.slots * c.pool_width), 0.0f);  // stays 0 at ratio 1 (no gate)
       c.rows.assign(n_blocks * size_t(c.width), 0.0f);

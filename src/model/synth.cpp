@@ -26,6 +26,8 @@ std::string_view synth_arch_name(SynthArch arch) {
       return "llama";
     case SynthArch::deepseek4:
       return "deepseek4";
+    case SynthArch::deepseek41:
+      return "deepseek41";
   }
   return "?";
 }
@@ -104,6 +106,10 @@ int layer_of(std::string_view name) {
 GgmlType synth_tensor_type(const SynthShape& shape, SynthQuant quant, std::string_view name,
                            const std::vector<uint64_t>& ne) {
   if (contains(name, "ffn_gate_tid2eid.weight")) return GgmlType::i32;  // deepseek4's table
+  // deepseek41's Engram: the gate's per-stream weights stay F32, the tables Q8_0 in every mix
+  // (as the fixture and ik_llama.cpp's quantizations keep them)
+  if (contains(name, "engram_q.weight") || contains(name, "engram_k.weight")) return GgmlType::f32;
+  if (contains(name, "engram_embd.weight")) return GgmlType::q8_0;
   const bool quantized = ends_with(name, "weight") && ne.size() >= 2 &&
                          !contains(name, "_norm.weight") && !contains(name, "ffn_gate_inp.weight");
   if (!quantized) return GgmlType::f32;
@@ -220,6 +226,15 @@ class PlanBuilder {
     add(name, std::move(ne), SynthFill::weight, std);
   }
   void norm(const std::string& name, uint64_t n) { add(name, {n}, SynthFill::norm, 0.1f); }
+  // deepseek41: the rows of layer l's Engram table (SynthEngramLayout)
+  void set_engram_rows(std::vector<uint64_t> rows) { engram_rows_ = std::move(rows); }
+  uint64_t engram_rows(int l) const { return engram_rows_[size_t(l)]; }
+  void norm2d(const std::string& name, std::vector<uint64_t> ne) { add(name, std::move(ne), SynthFill::norm, 0.1f); }
+  // A table of unit-std rows (deepseek41's Engram)
+  void embedding_table(const std::string& name, std::vector<uint64_t> ne) {
+    add(name, std::move(ne), SynthFill::weight, 1.0f);
+  }
+
   void bias(const std::string& name, std::vector<uint64_t> ne, float std = 0.02f) {
     add(name, std::move(ne), SynthFill::bias, std);
   }
@@ -277,6 +292,7 @@ class PlanBuilder {
   uint64_t seed_;
   uint32_t n_vocab_;
   std::vector<TensorSpec> specs_;
+  std::vector<uint64_t> engram_rows_;  // [layer]
 };
 
 // ---- per-architecture tensors (names and ne as llama.cpp's llama-model.cpp creates them) ----
@@ -368,6 +384,87 @@ uint32_t deepseek4_ratio(const SynthShape& s, int l) {
   return (uint32_t(l) - s.n_window_layers) % 2 == 0 ? 4 : 128;
 }
 
+// deepseek41's compressed-attention role of layer l (SynthShape): 0 window only, else the ratio,
+// and whether the layer is a source (compressor, indexer query and index keys) or reads the last
+// source's rows and choice.
+struct Deepseek41Role {
+  uint32_t ratio = 0;
+  bool source = false;
+};
+Deepseek41Role deepseek41_role(const SynthShape& s, int l) {
+  if (uint32_t(l) < s.n_window_layers) return {};
+  switch ((uint32_t(l) - s.n_window_layers) % 3) {
+    case 0:
+      return {2, true};
+    case 1:
+      return {2, false};
+    default:
+      return {1, true};
+  }
+}
+bool is_engram_layer(const SynthShape& s, int l) {
+  return l < int(s.n_layer) && (s.engram_layers[0] == l || s.engram_layers[1] == l);
+}
+
+bool is_prime(uint64_t n) {
+  if (n < 2) return false;
+  for (uint64_t d = 2; d * d <= n; ++d)
+    if (n % d == 0) return false;
+  return true;
+}
+
+// deepseek41's Engram hash layout (HParams::engram): as DeepSeek's engram.py builds it, each head's
+// bucket count is a distinct prime (increasing from rows / columns, so a table holds about `rows`
+// rows), offsets are cumulative, multipliers odd and below 2^63 / compressed vocabulary / 2 (no
+// product overflows). Token ids are compressed 16 -> 13 (ids whose text normalises alike share one
+// in the real tokenizer; here every few neighbours do).
+struct SynthEngramLayout {
+  std::vector<uint32_t> layers;
+  std::vector<uint64_t> multipliers, primes, offsets;
+  std::vector<uint64_t> table_rows;  // [layer] (0: no Engram)
+  std::vector<uint32_t> token_map;
+  uint32_t pad_id = 0;
+};
+SynthEngramLayout synth_engram_layout(const SynthShape& s, uint64_t rows, uint32_t n_vocab, uint64_t seed) {
+  SynthEngramLayout e;
+  e.table_rows.assign(s.n_layer, 0);
+  if (s.arch != SynthArch::deepseek41) return e;
+  for (int32_t l : s.engram_layers)
+    if (l >= 0 && uint32_t(l) < s.n_layer) e.layers.push_back(uint32_t(l));
+  std::sort(e.layers.begin(), e.layers.end());
+  for (uint32_t i = 0; i < n_vocab; ++i) e.token_map.push_back(uint32_t(uint64_t(i) * 13 / 16));
+  const uint64_t compressed = e.token_map.back() + 1ull;
+  e.pad_id = uint32_t(std::min<uint64_t>(2, compressed - 1));  // a compressed id, as the fixture's
+  const uint64_t half_bound = std::max<uint64_t>(1, uint64_t(INT64_MAX) / compressed / 2);
+  const uint64_t cols = uint64_t(s.engram_max_ngram - 1) * s.engram_heads;
+  uint64_t prime = std::max<uint64_t>(2, (rows == 0 ? s.engram_rows : rows) / cols);
+  synth_random::Rng rng(seed, 0x656e6772616dull /* "engram" */, 0);
+  for (uint32_t l : e.layers) {
+    for (uint32_t k = 0; k < s.engram_max_ngram; ++k) e.multipliers.push_back(2 * (rng.next() % half_bound) + 1);
+    uint64_t offset = 0;
+    for (uint64_t c = 0; c < cols; ++c) {
+      do ++prime;
+      while (!is_prime(prime));
+      e.primes.push_back(prime);
+      e.offsets.push_back(offset);
+      offset += prime;
+    }
+    e.table_rows[l] = offset;
+  }
+  return e;
+}
+
+GgufValue u64_array(const std::vector<uint64_t>& v) {
+  std::vector<GgufValue> elems;
+  for (uint64_t x : v) elems.push_back(GgufValue::make_u64(x));
+  return GgufValue::make_array(GgufType::u64, std::move(elems));
+}
+GgufValue u32_array(const std::vector<uint32_t>& v) {
+  std::vector<GgufValue> elems;
+  for (uint32_t x : v) elems.push_back(GgufValue::make_u32(x));
+  return GgufValue::make_array(GgufType::u32, std::move(elems));
+}
+
 // deepseek4 (fixtures README): hyper-connection mixers, the single K = V head with its q LoRA,
 // the compressor (and for ratio 4 the lightning indexer), the grouped output LoRA; experts routed
 // by a token-id table (hash layers) or by score + exp_probs_b; one shared expert.
@@ -389,7 +486,27 @@ void add_deepseek4_layer(PlanBuilder& b, const SynthShape& s, int l) {
   b.bias(b.blk(l, "attn_sinks.weight"), {h});
   b.weight(b.blk(l, "attn_output_a.weight"), {h * hd / g, ol * g}, h * hd / g);
   b.weight(b.blk(l, "attn_output_b.weight"), {ol * g, d}, ol * g, true);
-  const uint32_t r = deepseek4_ratio(s, l);
+  if (s.arch == SynthArch::deepseek41) {
+    const Deepseek41Role role = deepseek41_role(s, l);
+    if (role.source) {
+      const uint64_t ih = s.n_idx_head, id = s.idx_head_dim;
+      b.weight(b.blk(l, "attn_compressor_kv.weight"), {d, hd}, d);
+      if (role.ratio > 1) b.weight(b.blk(l, "attn_compressor_gate.weight"), {d, hd}, d);
+      b.norm(b.blk(l, "attn_compressor_norm.weight"), hd);
+      b.weight(b.blk(l, "indexer.attn_q_b.weight"), {q, ih * id}, q);
+      b.weight(b.blk(l, "indexer.proj.weight"), {d, ih}, d);
+      b.weight(b.blk(l, "indexer.attn_k.weight"), {hd, id}, hd);
+      b.norm(b.blk(l, "indexer.k_norm.weight"), id);
+    }
+    if (is_engram_layer(s, l)) {
+      const uint64_t S = s.hc_streams, kw = uint64_t(s.engram_max_ngram - 1) * s.engram_heads * s.engram_dim;
+      b.embedding_table(b.blk(l, "engram_embd.weight"), {s.engram_dim, b.engram_rows(l)});
+      b.weight(b.blk(l, "engram_wkv.weight"), {kw, (S + 1) * d}, kw);
+      b.norm2d(b.blk(l, "engram_q.weight"), {d, S});
+      b.norm2d(b.blk(l, "engram_k.weight"), {d, S});
+    }
+  }
+  const uint32_t r = s.arch == SynthArch::deepseek4 ? deepseek4_ratio(s, l) : 0;
   if (r > 0) {
     const uint64_t w = r == 4 ? 2 * hd : hd;  // ratio 4 pools overlapping pairs of blocks
     b.weight(b.blk(l, "attn_compressor_kv.weight"), {d, w}, d);
@@ -454,10 +571,10 @@ class KeyWriter {
 };
 
 // deepseek4's keys in the order llama.cpp's converter writes them (the fixture files).
-void add_deepseek4_keys(KeyWriter& k, const SynthShape& s) {
+void add_deepseek4_keys(KeyWriter& k, const SynthShape& s, const SynthEngramLayout* engram) {
   k.u32("context_length", s.n_ctx_train);
   k.u32("embedding_length", s.n_embd);
-  k.u32("embedding_length_out", s.hc_streams * s.n_embd);
+  if (s.arch == SynthArch::deepseek4) k.u32("embedding_length_out", s.hc_streams * s.n_embd);
   k.u32("block_count", s.n_layer);
   k.u32("attention.head_count", s.n_head);
   k.u32("attention.head_count_kv", 1);
@@ -485,18 +602,31 @@ void add_deepseek4_keys(KeyWriter& k, const SynthShape& s) {
   k.u32("attention.output_group_count", s.o_groups);
   k.u32("attention.output_lora_rank", s.o_lora_rank);
   std::vector<int32_t> ratios;
-  for (int l = 0; l < int(s.n_layer); ++l) ratios.push_back(int32_t(deepseek4_ratio(s, l)));
+  for (int l = 0; l < int(s.n_layer); ++l)
+    ratios.push_back(int32_t(s.arch == SynthArch::deepseek4 ? deepseek4_ratio(s, l) : deepseek41_role(s, l).ratio));
   k.value("attention.compress_ratios", GgufValue::make_i32_array(ratios));
   k.f32("attention.compress_rope_freq_base", s.compress_rope_base);
   k.u32("hyper_connection.count", s.hc_streams);
   k.u32("hyper_connection.sinkhorn_iterations", 20);
   k.f32("hyper_connection.epsilon", 1e-6f);
   k.u32("hash_layer_count", s.n_hash_layers);
+  if (engram == nullptr || engram->layers.empty()) return;
+  // deepseek41's Engram, in ik_llama.cpp's keys (the fixture's order)
+  k.value("engram.layer_ids", u32_array(engram->layers));
+  k.u32("engram.head_count", s.engram_heads);
+  k.u32("engram.key_length", s.engram_dim);
+  k.u32("engram.max_ngram_size", s.engram_max_ngram);
+  k.value("engram.multipliers", u64_array(engram->multipliers));
+  k.value("engram.primes", u64_array(engram->primes));
+  k.value("engram.offsets", u64_array(engram->offsets));
+  k.value("engram.token_map", GgufValue::make_i32_array(std::vector<int32_t>(engram->token_map.begin(), engram->token_map.end())));
+  k.u32("engram.pad_id", engram->pad_id);
 }
 
-void add_arch_keys(std::vector<GgufKv>& kvs, const SynthShape& s, uint32_t n_vocab) {
+void add_arch_keys(std::vector<GgufKv>& kvs, const SynthShape& s, uint32_t n_vocab,
+                   const SynthEngramLayout* engram) {
   KeyWriter k(kvs, synth_arch_name(s.arch));
-  if (s.arch == SynthArch::deepseek4) return add_deepseek4_keys(k, s);
+  if (s.arch == SynthArch::deepseek4 || s.arch == SynthArch::deepseek41) return add_deepseek4_keys(k, s, engram);
   k.common(s);
   switch (s.arch) {
     case SynthArch::qwen3moe:
@@ -561,6 +691,7 @@ void add_arch_keys(std::vector<GgufKv>& kvs, const SynthShape& s, uint32_t n_voc
       k.f32("rope.scaling.yarn_log_multiplier", s.yarn_log_mul);
       break;
     case SynthArch::deepseek4:
+    case SynthArch::deepseek41:
       break;  // add_deepseek4_keys
   }
 }
@@ -614,7 +745,8 @@ Result<std::vector<GgufKv>> synth_metadata(const SynthShape& shape, SynthQuant q
                                     static_cast<unsigned long long>(options.seed))));
   SynthShape with_mtp = shape;  // block_count counts the nextn layers
   with_mtp.n_layer += options.mtp_layers;
-  add_arch_keys(kvs, with_mtp, token_count(vocab));
+  const SynthEngramLayout engram = synth_engram_layout(shape, options.engram_rows, token_count(vocab), options.seed);
+  add_arch_keys(kvs, with_mtp, token_count(vocab), &engram);
   if (options.mtp_layers > 0)
     put(std::string(synth_arch_name(shape.arch)) + ".nextn_predict_layers", GgufValue::make_u32(options.mtp_layers));
   for (GgufKv& kv : vocab) kvs.push_back(std::move(kv));
@@ -625,8 +757,8 @@ Result<std::vector<GgufKv>> synth_metadata(const SynthShape& shape, SynthQuant q
 
 Result<SynthPlan> build_synth_plan(const SynthShape& shape, SynthQuant quant,
                                    const SynthOptions& options) {
-  if (options.mtp_layers > 0 && shape.arch == SynthArch::deepseek4)
-    return Error{"multi-token-prediction layers are not built for deepseek4"};
+  if (options.mtp_layers > 0 && (shape.arch == SynthArch::deepseek4 || shape.arch == SynthArch::deepseek41))
+    return Error{"multi-token-prediction layers are not built for " + std::string(synth_arch_name(shape.arch))};
   auto kvs = synth_metadata(shape, quant, options);
   if (!kvs) return kvs.error();
   SynthPlan plan;
@@ -635,6 +767,7 @@ Result<SynthPlan> build_synth_plan(const SynthShape& shape, SynthQuant quant,
   for (GgufKv& kv : *kvs) plan.writer.set(std::move(kv.key), std::move(kv.value));
 
   PlanBuilder b(shape, quant, options.seed, plan.n_vocab);
+  b.set_engram_rows(synth_engram_layout(shape, options.engram_rows, plan.n_vocab, options.seed).table_rows);
   b.embedding();
   b.norm("output_norm.weight", shape.n_embd);
   b.weight("output.weight", {shape.n_embd, plan.n_vocab}, shape.n_embd);
@@ -666,6 +799,7 @@ Result<SynthPlan> build_synth_plan(const SynthShape& shape, SynthQuant quant,
         add_llama_layer(b, shape, l);
         break;
       case SynthArch::deepseek4:
+      case SynthArch::deepseek41:
         add_deepseek4_layer(b, shape, l);
         break;
     }

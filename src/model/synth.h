@@ -22,8 +22,9 @@
 namespace strata {
 
 // Architectures as GGUF names them (general.architecture).
-enum class SynthArch { qwen3moe, deepseek2, gpt_oss, llama, deepseek4 };
-std::string_view synth_arch_name(SynthArch arch);  // "qwen3moe", "deepseek2", "gpt-oss", "llama", "deepseek4"
+enum class SynthArch { qwen3moe, deepseek2, gpt_oss, llama, deepseek4, deepseek41 };
+// "qwen3moe", "deepseek2", "gpt-oss", "llama", "deepseek4", "deepseek41"
+std::string_view synth_arch_name(SynthArch arch);
 
 // deepseek2.expert_gating_func, values as in llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE.
 enum class SynthGating : uint32_t { softmax = 1, sigmoid = 2 };
@@ -79,6 +80,14 @@ struct SynthShape {
   uint32_t n_idx_head = 0, idx_head_dim = 0, idx_top_k = 0;
   float compress_rope_base = 0;
   float swiglu_limit = 0;
+  // deepseek41 (fixtures README): after the window-only layers, the compressed layers cycle
+  // through a ratio-2 source (compressor, indexer, index keys), a ratio-2 reader and a ratio-1
+  // source; no hash layers. Engram on layers engram_layers (-1: none; layers cut by --layers are
+  // dropped), orders 2..engram_max_ngram of engram_heads heads each, rows of engram_dim values,
+  // about engram_rows rows a table (each head's buckets a distinct prime).
+  int32_t engram_layers[2] = {-1, -1};
+  uint32_t engram_heads = 0, engram_dim = 0, engram_max_ngram = 0;
+  uint64_t engram_rows = 0;
   std::string_view tokenizer_pre = "gpt-2";  // tokenizer.ggml.pre of the generated vocabulary
 };
 
@@ -130,6 +139,7 @@ struct SynthOptions {
   // them: a block of the main layers' kind plus nextn.{eh_proj, enorm, hnorm, shared_head_norm};
   // block_count counts them and nextn_predict_layers says how many. Not for deepseek4.
   uint32_t mtp_layers = 0;
+  uint64_t engram_rows = 0;  // deepseek41: rows of each Engram table (0: the shape's)
 };
 
 // A synthetic model ready to be written: the header and how to draw every tensor's bytes.
