@@ -22,6 +22,7 @@
 #include "cpu/kernels.h"
 #include "cpu/numa.h"
 #include "cpu/thread_pool.h"
+#include "engine/engram_tier.h"
 #include "engine/numa_plan.h"
 #include "engine/session.h"
 #include "engine/trace_routing.h"
@@ -29,6 +30,7 @@
 #include "gpu/cuda_backend.h"
 #include "engine/gpu_tier.h"
 #include "storage/expert_store.h"
+#include "storage/row_store.h"
 
 namespace strata::cli {
 namespace {
@@ -47,6 +49,7 @@ struct BenchOptions {
   int draft_max = 8;
   int spec_gen = 128;
   std::vector<int> numa_compare;  // node counts: compare expert placements on routing, then stop
+  bool engram_reads = false;      // deepseek41: Engram row reads against the disk probe, then stop
 };
 
 struct Test {
@@ -80,7 +83,25 @@ struct TestResult {
   int64_t cuda_device_ops = 0, cuda_host_ops = 0;
   double cuda_h2d_per_token = 0, cuda_d2h_per_token = 0;
   std::string cuda_text;
+  // deepseek41's streamed Engram rows (last rep): per token, the row cache's hit rate, the time
+  // the forward pass waited for them
+  double engram_rows_per_token = 0, engram_bytes_per_token = 0, engram_hit_rate = 0, engram_wait_per_token = 0;
+  std::string engram_text;
 };
+
+void engram_figures(const RowStoreStats& st, double tokens, TestResult& r) {
+  r.engram_rows_per_token = double(st.rows) / tokens;
+  r.engram_bytes_per_token = double(st.bytes_read) / tokens;
+  r.engram_hit_rate = st.hit_rate();
+  r.engram_wait_per_token = st.wait_seconds / tokens;
+  r.engram_text = strfmt("Engram: %.1f rows per token (%.1f distinct), row-cache hit rate %.3f; %s read per token in %.1f "
+                         "reads (%.1f rows prefetched, %.1f on demand), %.2f GB/s while reading; the forward pass waited "
+                         "%.2f ms per token",
+                         r.engram_rows_per_token, double(st.lookups) / tokens, r.engram_hit_rate,
+                         format_bytes(r.engram_bytes_per_token).c_str(), double(st.reads) / tokens,
+                         double(st.prefetched) / tokens, double(st.demand) / tokens, st.read_gbps(),
+                         1e3 * r.engram_wait_per_token);
+}
 
 void cuda_figures(const CudaBackend::Stats& a, const CudaBackend::Stats& b, double tokens, TestResult& r) {
   r.cuda_device_ops = b.device_ops - a.device_ops;
@@ -237,10 +258,79 @@ int numa_compare(const BenchOptions& o) {
   return 0;
 }
 
+// --engram-reads: the rate of Engram row reads against the disk probe's for the same request size
+// (random 4 KiB blocks of the model file, O_DIRECT) at each queue depth. The rows are drawn at random
+// over the tables (each its own block: the worst case, no merging, no cache hits) and read in
+// batches of a prompt's worth through a fresh row store of that depth; a block read per row.
+int engram_reads(const Engine& engine, bool json) {
+  const Model& m = engine.model();
+  if (m.hparams().engram.layers.empty()) return fail("--engram-reads: the model has no Engram tables");
+  const std::vector<RowTable> tables = engram_tables(m);
+  const std::string& path = engine.config().model_path;
+  std::mt19937_64 rng(7);
+  nlohmann::json arr = nlohmann::json::array();
+  if (!json) {
+    std::printf("Engram row reads of %s against the disk probe (random 4 KiB O_DIRECT reads of the file), CPU %s\n",
+                path.c_str(), std::string(cpu::isa_name()).c_str());
+    std::printf("| queue depth | probe GB/s | probe reads/s | Engram rows/s | Engram GB/s (blocks) | of the probe |\n");
+    std::printf("|------------:|-----------:|--------------:|--------------:|---------------------:|-------------:|\n");
+  }
+  double best_probe = 0, best_rows = 0;
+  for (int qd : {1, 4, 16, 32, 64, 128}) {
+    storage::DiskProbeOptions po;
+    po.path = path;
+    po.block_bytes = storage::kDirectAlign;
+    po.queue_depth = qd;
+    po.access = storage::DiskAccess::random;
+    po.seconds = 2;
+    auto probe = storage::measure_disk_read(po);
+    if (!probe) return fail(probe.error().message);
+    RowStoreOptions ro;
+    ro.cache_bytes = uint64_t(RowStore::kMinRows) * 4 * 4096;
+    ro.queue_depth = qd;
+    auto store = RowStore::open(tables, path, ro);
+    if (!store) return fail(store.error().message);
+    const auto t0 = std::chrono::steady_clock::now();
+    double sec = 0;
+    int64_t rows = 0;
+    std::vector<int64_t> batch(2048);
+    std::vector<uint8_t> out;
+    while (sec < 2) {
+      const int t = int(rng() % tables.size());
+      for (int64_t& r : batch) r = int64_t(rng() % tables[size_t(t)].n_rows);
+      out.resize(batch.size() * tables[size_t(t)].row_bytes);
+      (*store)->prefetch(t, batch);
+      if (!(*store)->gather(t, batch, out.data())) return fail((*store)->take_error().error().message);
+      rows += int64_t(batch.size());
+      sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    const RowStoreStats st = (*store)->stats();
+    const double gbps = double(st.bytes_read) / sec / 1e9, probe_reads = probe->gbps * 1e9 / 4096.0;
+    best_probe = std::max(best_probe, probe->gbps);
+    best_rows = std::max(best_rows, gbps);
+    if (json) {
+      arr.push_back({{"queue_depth", qd}, {"probe_gbps", probe->gbps}, {"probe_method", probe->method},
+                     {"engram_rows_per_s", double(rows) / sec}, {"engram_gbps", gbps}, {"engram_reads", st.reads}});
+    } else {
+      std::printf("| %11d | %10.3f | %13.0f | %13.0f | %20.3f | %12.2f |\n", qd, probe->gbps, probe_reads,
+                  double(rows) / sec, gbps, probe->gbps > 0 ? gbps / probe->gbps : 0.0);
+    }
+  }
+  if (json) {
+    std::printf("%s\n", nlohmann::json{{"engram_reads", arr}, {"best_probe_gbps", best_probe}, {"best_engram_gbps", best_rows}}
+                             .dump(2).c_str());
+  } else {
+    std::printf("\nbest: Engram rows %.3f GB/s against the probe's %.3f GB/s = %.2f\n", best_rows, best_probe,
+                best_probe > 0 ? best_rows / best_probe : 0.0);
+  }
+  return 0;
+}
+
 int run_bench(const BenchOptions& o) {
   if (!o.numa_compare.empty()) return numa_compare(o);
   auto loaded = load_model(o.common, "strata bench");
   if (!loaded) return fail(loaded.error().message);
+  if (o.engram_reads) return engram_reads(**loaded, o.json);
   auto routing = make_routing_override(o.routing, (*loaded)->model().hparams());
   if (!routing) return fail(routing.error().message);
   (*loaded)->set_routing_override(routing->get());
@@ -329,6 +419,7 @@ int run_bench(const BenchOptions& o) {
       auto probe = [&] { return t.prefill ? cpu::measure_int8_peak_gops(pool) : cpu::measure_read_gbps(pool); };
       const double limit_before = probe();
       if (store != nullptr) store->reset_stats();
+      if (engine.engram_store() != nullptr) engine.engram_store()->reset_stats();
       prof::reset();
       const GpuTier::Stats gpu_before = engine.gpu_tier() ? engine.gpu_tier()->stats() : GpuTier::Stats{};
       const CudaBackend::Stats cuda_before = cuda != nullptr ? cuda->stats() : CudaBackend::Stats{};
@@ -373,6 +464,8 @@ int run_bench(const BenchOptions& o) {
       if (engine.gpu_tier()) gpu_figures(gpu_before, engine.gpu_tier()->stats(), double(t.n) * (t.prefill ? 1 : t.streams), r);
       if (cuda != nullptr) cuda_figures(cuda_before, cuda->stats(), double(t.n) * (t.prefill ? 1 : t.streams), r);
       if (store != nullptr) nvme_figures(store->stats(), double(t.n) * (t.prefill ? 1 : t.streams), nvme_probe_gbps, r);
+      if (engine.engram_store() != nullptr)
+        engram_figures(engine.engram_store()->stats(), double(t.n) * (t.prefill ? 1 : t.streams), r);
     }
     if (!o.json) {
       std::printf("| %-28s | %10s | %6.2f B | %-10s | %7d | %8s | %10.2f ± %7.2f | %-34s |\n", model_name.substr(0, 28).c_str(),
@@ -380,6 +473,7 @@ int run_bench(const BenchOptions& o) {
                   stddev(r.tok_per_s), r.limit_text.c_str());
       if (o.profile) std::printf("    %s\n", r.profile_text.c_str());
       if (store != nullptr) std::printf("    %s\n", r.nvme_text.c_str());
+      if (!r.engram_text.empty()) std::printf("    %s\n", r.engram_text.c_str());
       std::printf("    %s\n", r.node_text.c_str());
       if (!r.gpu_text.empty()) std::printf("    %s\n", r.gpu_text.c_str());
       if (!r.cuda_text.empty()) std::printf("    %s\n", r.cuda_text.c_str());
@@ -413,6 +507,10 @@ int run_bench(const BenchOptions& o) {
                      {"nvme_gbps", r.nvme_gbps},
                      {"nvme_probe_gbps", nvme_probe_gbps},
                      {"nvme_wait_s_per_token", r.nvme_wait_per_token},
+                     {"engram_rows_per_token", r.engram_rows_per_token},
+                     {"engram_bytes_per_token", r.engram_bytes_per_token},
+                     {"engram_hit_rate", r.engram_hit_rate},
+                     {"engram_wait_s_per_token", r.engram_wait_per_token},
                      {"numa_policy", cpu::numa_policy_name(cpu::numa_layout().options())},
                      {"node_expert_bytes_per_token", r.node_bytes_per_token},
                      {"node_expert_gbps", r.node_gbps},
@@ -454,6 +552,9 @@ Runner add_bench_command(CLI::App& app) {
                   "(synthetic by default), for these node counts (comma list), and stop")
       ->delimiter(',')
       ->check(CLI::Range(2, 64));
+  sub->add_flag("--engram-reads", o->engram_reads,
+                "deepseek41: the rate of Engram row reads (random rows, 4 KiB blocks) against the disk probe's at "
+                "queue depths 1 to 128, then stop");
   sub->add_flag("--profile", o->profile, "print each test's time per token by part of the layer");
   sub->add_flag("--json", o->json, "print the results as JSON");
   sub->add_option("--routing", o->routing,

@@ -28,6 +28,7 @@
 #include "engine/session.h"
 #include "model/tokenizer.h"
 #include "storage/disk_probe.h"
+#include "storage/row_store.h"
 
 namespace strata::cli {
 namespace {
@@ -120,6 +121,7 @@ int run_profile(const ProfileOptions& o) {
   prof::take_events();
   prof::enable_tracing(!o.trace_path.empty());
   const Engine::TierStats tiers0 = engine.tier_stats();
+  if (engine.engram_store() != nullptr) engine.engram_store()->reset_stats();
   rusage ru0{}, ru1{};
   getrusage(RUSAGE_SELF, &ru0);
   std::vector<TokenMark> marks;
@@ -158,7 +160,12 @@ int run_profile(const ProfileOptions& o) {
   const double os_user_ms = tv_ms(ru0.ru_utime, ru1.ru_utime) / n / threads;
   const double os_sys_ms = tv_ms(ru0.ru_stime, ru1.ru_stime) / n / threads;
   const double spans_ms = double(snap.spans_ns()) / 1e6 / n;
-  const double wait_ms = std::min(link_ms(prof::Link::nvme_wait) / threads, ms_per_token);
+  // deepseek41's Engram rows: the forward pass's own thread waits for them (recorded once, not per
+  // compute thread); the experts' waits are the rest of the link's
+  const RowStoreStats engram = engine.engram_store() != nullptr ? engine.engram_store()->stats() : RowStoreStats{};
+  const double engram_wait_ms = 1e3 * engram.wait_seconds / n;
+  const double expert_wait_ms = std::max(0.0, link_ms(prof::Link::nvme_wait) - engram_wait_ms) / threads;
+  const double wait_ms = std::min(expert_wait_ms + engram_wait_ms, ms_per_token);
   const double cpu_ms = std::min(os_user_ms + os_sys_ms, ms_per_token - wait_ms);
   const double gpu_ms = link_ms(prof::Link::gpu);
   const double pcie_ms = link_ms(prof::Link::pcie_h2d) + link_ms(prof::Link::pcie_d2h);
@@ -254,6 +261,11 @@ int run_profile(const ProfileOptions& o) {
       parts[std::string(prof::kPartNames[p])] = double(snap.part_ns[p]) / 1e6 / n;
     j["ms_per_token_by_part"] = parts;
     j["hits"] = {{"vram", hit_vram}, {"ram", hit_ram}, {"nvme", hit_nvme}, {"promotions", tiers1.promotions - tiers0.promotions}};
+    if (engine.engram_store() != nullptr)
+      j["engram"] = {{"rows_per_token", double(engram.rows) / n}, {"distinct_rows_per_token", double(engram.lookups) / n},
+                     {"hit_rate", engram.hit_rate()}, {"bytes_per_token", double(engram.bytes_read) / n},
+                     {"reads_per_token", double(engram.reads) / n}, {"wait_ms_per_token", engram_wait_ms},
+                     {"expert_wait_ms_per_token", expert_wait_ms}};
     j["bytes_per_token"] = {{"ram_to_cpu", weight_bytes + kv_bytes}, {"weights", weight_bytes}, {"kv_cache", kv_bytes},
                             {"pcie", pcie_bytes}, {"nvme", nvme_bytes}, {"ram_gbps_achieved", cpu_gbps},
                             {"ram_fraction_of_limit", limits.dram_gbps > 0 ? cpu_gbps / limits.dram_gbps : 0.0},
@@ -327,6 +339,12 @@ int run_profile(const ProfileOptions& o) {
   } else {
     std::printf("  NVMe        0 B (the routed experts are in RAM: budgets.ram holds the model)\n");
   }
+  if (engine.engram_store() != nullptr)
+    std::printf("  Engram      %.1f rows per token (%.1f distinct), row-cache hit rate %.3f, %s read per token in %.1f "
+                "reads; waited %.2f ms per token (experts' reads: %.2f ms per compute thread)\n",
+                double(engram.rows) / n, double(engram.lookups) / n, engram.hit_rate(),
+                format_bytes(double(engram.bytes_read) / n).c_str(), double(engram.reads) / n, engram_wait_ms,
+                expert_wait_ms);
 
   std::printf("\nper layer, ms per token (A attention, R router, E experts, S shared/dense ffn):\n");
   double max_ms = 0;

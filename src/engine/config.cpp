@@ -173,6 +173,10 @@ const std::vector<KeySpec>& key_specs() {
        [](const toml::node& n, Config& c) { return read_int(n, 0, 16, c.prefetch_depth); }},
       {"storage", "cache_policy", "routed-expert cache policy: lru, lfu or layer-lru",
        [](const toml::node& n, Config& c) { return read_choice(n, {"lru", "lfu", "layer-lru"}, c.cache_policy); }},
+      {"storage", "engram_cache", "RAM for deepseek41's Engram row cache when its tables are streamed (0: auto)",
+       [](const toml::node& n, Config& c) { return read_size(n, c.engram_cache); }},
+      {"storage", "engram_tables", "deepseek41's Engram tables when the model is streamed: stream (row by row) or ram",
+       [](const toml::node& n, Config& c) { return read_choice(n, {"stream", "ram"}, c.engram_tables); }},
       {"server", "host", "address strata serve listens on (loopback by default)",
        [](const toml::node& n, Config& c) { return read_string(n, c.host); }},
       {"server", "port", "port of strata serve",
@@ -404,7 +408,10 @@ Result<BudgetCheck> check_budgets(const Config& c, const ModelSummary& s, uint64
                           "rest of the experts run on the CPU at the same time (docs/gpu.md)");
     }
   }
-  const uint64_t fixed = s.n_bytes - s.expert_bytes_total;  // read by every token
+  // streamable: the routed experts and the Engram tables; the rest is read by every token
+  const uint64_t engram = c.engram_tables == "stream" ? s.engram_bytes_total : 0;
+  const uint64_t streamable = s.expert_bytes_total + engram;
+  const uint64_t fixed = s.n_bytes - streamable;
   uint64_t budget = 0;
   if (c.ram_budget) {
     budget = *c.ram_budget;
@@ -420,7 +427,7 @@ Result<BudgetCheck> check_budgets(const Config& c, const ModelSummary& s, uint64
   } else {
     // "auto": the memory available now; the NVMe tier takes over only when the model does not fit
     // in it at all (a model that merely crowds the page cache is still read or mapped whole)
-    if (mem.available == 0 || s.n_bytes + kv_bytes <= mem.available || s.expert_bytes_total == 0) return out;
+    if (mem.available == 0 || s.n_bytes + kv_bytes <= mem.available || streamable == 0) return out;
     budget = mem.available / 10 * 8;
     if (fixed + kv_bytes + kRamOverhead > budget) return out;  // too little to stream: map it
   }
@@ -433,7 +440,7 @@ Result<BudgetCheck> check_budgets(const Config& c, const ModelSummary& s, uint64
                  format_size(kv_bytes) + " of KV cache in RAM, more than budgets.ram (" + format_size(budget) + ")"};
   }
   out.load = MappedFile::Mode::mmap;
-  if (c.load == MappedFile::Mode::mmap || s.expert_bytes_total == 0) {
+  if (c.load == MappedFile::Mode::mmap || s.expert_bytes_total == 0) {  // (Engram alone is not streamed)
     out.notes.push_back("budgets.ram holds " + format_size(budget - std::min(budget, fixed + kv_bytes)) + " of the " +
                         format_size(s.expert_bytes_total) +
                         " of routed experts; model.load = \"mmap\": the file is mapped and the kernel's page cache keeps "
@@ -446,6 +453,16 @@ Result<BudgetCheck> check_budgets(const Config& c, const ModelSummary& s, uint64
                  " for buffers nothing is left for routed experts (raise budgets.ram or lower model.ctx)"};
   }
   out.expert_cache_bytes = budget - fixed - kv_bytes - kRamOverhead;
+  if (engram > 0) {
+    const uint64_t want = c.engram_cache > 0 ? c.engram_cache : std::min(engram, out.expert_cache_bytes / 8);
+    if (want >= out.expert_cache_bytes)
+      return Error{where + "storage.engram_cache is " + format_size(want) + " but budgets.ram leaves " +
+                   format_size(out.expert_cache_bytes) + " for the streamed routed experts and Engram rows together"};
+    out.engram_cache_bytes = want;
+    out.expert_cache_bytes -= want;
+    out.notes.push_back("budgets.ram " + format_size(budget) + ": " + format_size(want) + " of RAM caches rows of the " +
+                        format_size(engram) + " of Engram tables, read from disk as tokens need them");
+  }
   out.notes.push_back("budgets.ram " + format_size(budget) + ": " + format_size(out.expert_cache_bytes) +
                       " of RAM caches the " + format_size(s.expert_bytes_total) +
                       " of routed experts; the rest is streamed from disk (NVMe tier)");

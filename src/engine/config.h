@@ -79,6 +79,12 @@ struct Config {
   int queue_depth = 32;    // io_uring queue depth of NVMe reads (calibration, streaming)
   int prefetch_depth = 2;  // layers of routing look-ahead for NVMe prefetch
   std::string cache_policy = "lfu";
+  // RAM for deepseek41's Engram row cache when its tables are streamed (0: an eighth of what
+  // budgets.ram leaves for streaming, at most the tables)
+  uint64_t engram_cache = 0;
+  // deepseek41's Engram tables when the model is streamed: "stream" (read row by row, the
+  // default) or "ram" (copied into RAM with the resident weights, counted in budgets.ram)
+  std::string engram_tables = "stream";
 
   // [server]
   std::string host = "127.0.0.1";
@@ -129,6 +135,9 @@ struct BudgetCheck {
   // (storage/expert_store.h) with this much RAM for its cache, and every other weight is copied
   // into RAM.
   uint64_t expert_cache_bytes = 0;
+  // > 0 (with expert_cache_bytes): deepseek41's Engram tables stay in the file too, read row by
+  // row into a row cache of this much RAM (storage/row_store.h); taken from the streamed part.
+  uint64_t engram_cache_bytes = 0;
   std::vector<std::string> notes;
 };
 // Memory strata keeps out of the expert cache for everything else it allocates (activations,

@@ -10,6 +10,7 @@
 #include "base/profiler.h"
 #include "cpu/calibrate.h"
 #include "cpu/thread_pool.h"
+#include "engine/engram_tier.h"
 #include "engine/gpu_tier.h"
 #include "engine/session.h"
 #include "engine/tiered_experts.h"
@@ -106,7 +107,19 @@ Engine::TierStats Engine::tier_stats() const {
   return t;
 }
 
-Status Engine::take_error() const { return store_ ? store_->take_error() : Status::success(); }
+Status Engine::take_error() const {
+  Status experts = store_ ? store_->take_error() : Status::success();
+  Status engram = engram_store_ ? engram_store_->take_error() : Status::success();
+  return experts.ok() ? engram : experts;
+}
+
+EngramRows* Engine::engram() const { return engram_.get(); }
+
+void Engine::set_engram_store(std::unique_ptr<RowStore> store) {
+  engram_.reset();
+  engram_store_ = std::move(store);
+  if (engram_store_) engram_ = std::make_unique<StreamedEngram>(*model_, *engram_store_);
+}
 
 void Engine::end_step(std::span<Session* const> sessions) const {
   if (!gpu_ || sessions.empty()) return;
@@ -144,7 +157,7 @@ Result<std::unique_ptr<Engine>> Engine::open(const Config& c, const char* cmd) {
   const bool has_experts = hp->n_expert > 0;
   const bool real_gpu = c.vram_budget > 0 && !c.gpu_simulate && n_gpus > 0;
   const bool gpu_tier = c.vram_budget > 0 && has_experts && (c.gpu_simulate || real_gpu);
-  auto m = Model::load(c.model_path, budget->load, c.repack, stream);
+  auto m = Model::load(c.model_path, budget->load, c.repack, stream, c.engram_tables == "stream");
   if (!m) return m.error();
   auto engine = std::make_unique<Engine>(std::move(*m), c, *s);
   const Model& model = engine->model();
@@ -162,6 +175,16 @@ Result<std::unique_ptr<Engine>> Engine::open(const Config& c, const char* cmd) {
     how = strfmt("%s resident, routed experts streamed: %" PRId64 " slots of %.1f MiB, %s",
                  format_bytes(double(model.resident_bytes)).c_str(), st.n_slots(), double(st.slot_bytes()) / 0x1p20,
                  std::string(st.read_method()).c_str());
+    if (model.engram_streamed) {
+      RowStoreOptions ro;
+      ro.cache_bytes = budget->engram_cache_bytes;
+      ro.queue_depth = c.queue_depth;
+      auto rows = RowStore::open(engram_tables(model), c.model_path, ro);
+      if (!rows) return rows.error();
+      engine->set_engram_store(std::move(*rows));
+      how += strfmt("; Engram tables streamed: a row cache of %" PRId64 " rows (%s)", engine->engram_store()->n_slots(),
+                    format_bytes(double(budget->engram_cache_bytes)).c_str());
+    }
   }
   if (gpu_tier) {
     GpuTier::Options go;

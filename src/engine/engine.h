@@ -23,6 +23,8 @@ namespace strata {
 
 class ExpertStore;
 class GpuTier;
+class RowStore;
+class StreamedEngram;
 class RoutingOverride;
 class Session;
 class TieredExperts;
@@ -58,6 +60,10 @@ class Engine {
   void set_expert_store(std::unique_ptr<ExpertStore> store);
   void set_gpu_tier(std::unique_ptr<GpuTier> gpu);
   void set_backend(std::unique_ptr<Backend> backend);
+  // deepseek41's Engram rows on the NVMe tier (null: from the model's tables).
+  RowStore* engram_store() const { return engram_store_.get(); }
+  EngramRows* engram() const;
+  void set_engram_store(std::unique_ptr<RowStore> store);
   // Replaces the routers' choices of the main layers (benchmarks: --routing). Not owned.
   RoutingOverride* routing_override() const { return routing_; }
   void set_routing_override(RoutingOverride* routing) { routing_ = routing; }
@@ -77,8 +83,8 @@ class Engine {
   TierStats tier_stats() const;
 
   // After a forward pass: the first read failure of the NVMe tier since the last call (the pass
-  // computed that expert as zeros; its logits must not be used), as an error naming the file and
-  // offset, else ok.
+  // computed that expert as zeros, or skipped those Engram rows; its logits must not be used), as
+  // an error naming the file and offset, else ok.
   Status take_error() const;
   // After a forward pass over `sessions` (their positions advanced): the GPU tier's KV booking and
   // its promotions.
@@ -95,6 +101,8 @@ class Engine {
   // and saves its heat file from the model's shape), the store, the backend, then the model
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<ExpertStore> store_;
+  std::unique_ptr<RowStore> engram_store_;
+  std::unique_ptr<StreamedEngram> engram_;  // over engram_store_
   std::unique_ptr<GpuTier> gpu_;
   std::unique_ptr<TieredExperts> experts_;  // over gpu_ and store_: rebuilt when they change
   RoutingOverride* routing_ = nullptr;

@@ -33,7 +33,7 @@ const Backend& Session::backend() const {
 
 Exec Session::exec() const {
   if (engine_ == nullptr) return Exec(backend());
-  return Exec(backend(), engine_->experts(), engine_->routing_override());
+  return Exec(backend(), engine_->experts(), engine_->routing_override(), engine_->engram());
 }
 
 // After a forward pass: a routed expert the NVMe tier could not read was computed as zeros, so

@@ -73,8 +73,8 @@ class TensorGetter {
   // buffers kept in `owned` (and repacked there when `repack`); the experts' views stay in the
   // mapped file. (pread, not a copy from the mapping: page faults read a cold file at ~40 MB/s.)
   using Owned = std::vector<std::unique_ptr<uint8_t, void (*)(void*)>>;
-  TensorGetter(const GgufFile& f, Owned* owned, bool repack, int fd)
-      : f_(f), writable_(nullptr), owned_(owned), owned_repack_(repack), fd_(fd) {}
+  TensorGetter(const GgufFile& f, Owned* owned, bool repack, int fd, bool stream_engram)
+      : f_(f), writable_(nullptr), owned_(owned), owned_repack_(repack), fd_(fd), stream_engram_(stream_engram) {}
 
   uint64_t repacked_bytes = 0;  // what get() interleaved, and how long it took
   double repack_seconds = 0;
@@ -113,7 +113,8 @@ class TensorGetter {
     w.row_bytes = t->row_bytes();
     uint8_t* writable = writable_ ? writable_ + (w.data - f_.bytes_.data()) : nullptr;
     if (owned_ != nullptr) {
-      if (name.ends_with("_exps.weight")) return w;  // routed experts: the ExpertStore's
+      // routed experts: the ExpertStore's; Engram tables: the row store's (engine/engram_tier.h)
+      if (name.ends_with("_exps.weight") || (stream_engram_ && name.ends_with("engram_embd.weight"))) return w;
       auto [it, fresh] = copies_.try_emplace(w.data, nullptr);
       if (fresh) {  // once per tensor (tied embeddings are asked for twice)
         const size_t n = (t->n_bytes + 63) / 64 * 64;
@@ -163,6 +164,7 @@ class TensorGetter {
   Owned* owned_ = nullptr;
   bool owned_repack_ = false;
   int fd_ = -1;
+  bool stream_engram_ = false;
   std::unordered_map<const uint8_t*, uint8_t*> copies_;  // file bytes -> their copy
   std::unordered_set<const uint8_t*> interleaved_;
 };
@@ -749,13 +751,13 @@ Model::Model() = default;
 Model::~Model() = default;
 
 Result<std::unique_ptr<Model>> Model::load(const std::string& path, MappedFile::Mode mode, bool repack,
-                                           bool stream_experts) {
+                                           bool stream_experts, bool stream_engram) {
   auto f = GgufFile::open(path, stream_experts ? MappedFile::Mode::mmap : mode);
   if (!f) return f.error();
-  return load(std::move(*f), repack, stream_experts);
+  return load(std::move(*f), repack, stream_experts, stream_engram);
 }
 
-Result<std::unique_ptr<Model>> Model::load(GgufFile file, bool repack, bool stream_experts) {
+Result<std::unique_ptr<Model>> Model::load(GgufFile file, bool repack, bool stream_experts, bool stream_engram) {
   auto m = std::make_unique<Model>();
   m->file_ = std::move(file);
   const GgufFile& f = m->file_;
@@ -775,10 +777,11 @@ Result<std::unique_ptr<Model>> Model::load(GgufFile file, bool repack, bool stre
       if (fd >= 0) ::close(fd);
     }
   } close_fd{fd};
-  TensorGetter g = stream_experts ? TensorGetter(f, &m->resident_, repack, fd)
+  TensorGetter g = stream_experts ? TensorGetter(f, &m->resident_, repack, fd, stream_engram)
                                   : TensorGetter(f, repack ? f.mutable_bytes() : nullptr);
   m->streamed_repack = stream_experts && repack;
   m->experts_streamed = stream_experts;
+  m->engram_streamed = stream_experts && stream_engram && !hp.engram.layers.empty();
   const int64_t E = hp.n_embd;
   const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
   if (!embd || embd->n_dims != 2)

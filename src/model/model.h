@@ -182,13 +182,15 @@ class Model {
   // repack: weights read into RAM are rewritten into the layouts the start-up kernels read
   // fastest (cpu/repack.h: 16-row interleaving where the ISA has such a kernel); mapped files
   // stay as they are.
-  // stream_experts (a mapped file): every weight but the routed experts' matrices is copied into
-  // RAM (and repacked there); the experts stay in the file for an ExpertStore (storage/
-  // expert_store.h) to read (the engine opens one).
+  // stream_experts (a mapped file): every weight but the routed experts' matrices (and deepseek41's
+  // Engram tables) is copied into RAM (and repacked there); those stay in the file for the NVMe
+  // tier to read (storage/expert_store.h, storage/row_store.h; the engine opens them).
+  // stream_engram (with stream_experts): the Engram tables stay in the file too.
   static Result<std::unique_ptr<Model>> load(const std::string& path,
                                              MappedFile::Mode mode = MappedFile::Mode::mmap,
-                                             bool repack = true, bool stream_experts = false);
-  static Result<std::unique_ptr<Model>> load(GgufFile file, bool repack = true, bool stream_experts = false);
+                                             bool repack = true, bool stream_experts = false, bool stream_engram = true);
+  static Result<std::unique_ptr<Model>> load(GgufFile file, bool repack = true, bool stream_experts = false,
+                                             bool stream_engram = true);
 
   const HParams& hparams() const { return hp_; }
   const GgufFile& file() const { return file_; }
@@ -210,6 +212,7 @@ class Model {
   // mapping, for an expert store to read), and whether they are to be interleaved where read (as
   // the resident weights are).
   bool experts_streamed = false;
+  bool engram_streamed = false;  // deepseek41's Engram tables left in the file
   bool streamed_repack = false;
 
  private:

@@ -16,6 +16,7 @@ std::string_view tensor_role_name(TensorRole role) {
     case TensorRole::routed_expert: return "routed experts";
     case TensorRole::norm: return "norms";
     case TensorRole::output: return "output";
+    case TensorRole::engram: return "Engram tables";
     case TensorRole::other: return "other";
   }
   return "?";
@@ -41,6 +42,7 @@ TensorRole classify_tensor(std::string_view name) {
   if (local.rfind("nextn.", 0) == 0) return TensorRole::other;
   if (has("norm")) return TensorRole::norm;
   if (local.rfind("token_embd", 0) == 0) return TensorRole::embedding;
+  if (local.rfind("engram_embd", 0) == 0) return TensorRole::engram;
   if (local == "output.weight" || local == "output.bias") return TensorRole::output;
   if (has("_exps")) return TensorRole::routed_expert;
   if (has("_shexp")) return TensorRole::shared_expert;
@@ -134,6 +136,18 @@ Result<ModelSummary> summarize_model(const GgufFile& f) {
       }
       expert_bytes_by_layer[layer] += t.n_bytes;
       expert_params_by_layer[layer] += params_of(t);
+    } else if (role == TensorRole::engram) {
+      // rows by hashed n-grams: (max_ngram_size - 1) x head_count rows per token
+      auto heads = f.get_uint(s.arch + ".engram.head_count");
+      auto orders = f.get_uint(s.arch + ".engram.max_ngram_size");
+      if (!heads) return heads.error();
+      if (!orders) return orders.error();
+      const uint64_t rows = heads->value_or(0) * (orders->value_or(1) > 0 ? orders->value_or(1) - 1 : 0);
+      s.engram_bytes_total += t.n_bytes;
+      s.engram_rows_per_token += rows;
+      s.engram_bytes_per_token += rows * t.row_bytes();
+      active += rows * t.row_bytes();
+      active_params += rows * t.ne[0];
     } else if ((&t == embd && !tied_output) || t.name.find("ffn_gate_tid2eid") != std::string::npos) {
       active += t.row_bytes();  // tables looked up by token id: one row per token
       active_params += t.ne[0];

@@ -23,9 +23,10 @@ enum class TensorRole {
   routed_expert,  // *_exps: stacked [.., n_expert]
   norm,           // every *norm*
   output,         // output (lm head)
+  engram,         // deepseek41's Engram tables (engram_embd): rows looked up by hashed n-grams
   other,          // hyper-connections, MTP (nextn) layers, anything unrecognised
 };
-constexpr int kTensorRoleCount = 9;
+constexpr int kTensorRoleCount = 10;
 std::string_view tensor_role_name(TensorRole role);
 
 // Role of a tensor by its GGUF name (llama.cpp's naming).
@@ -67,9 +68,12 @@ struct ModelSummary {
   uint64_t n_moe_layers = 0;
   uint64_t expert_bytes_min = 0, expert_bytes_max = 0;  // bytes of one routed expert, over layers
   uint64_t expert_bytes_total = 0;                      // all routed experts of all layers
+  // deepseek41's Engram tables: their bytes, and the rows (and bytes) one token reads of them
+  uint64_t engram_bytes_total = 0;
+  uint64_t engram_rows_per_token = 0, engram_bytes_per_token = 0;
 
   // Bytes one decode step reads: one embedding row, all non-expert weights, and n_expert_used
-  // experts per MoE layer. MTP (nextn) layers are excluded: strata does not run them in decode.
+  // experts per MoE layer (and its Engram rows). MTP (nextn) layers are excluded: strata does not run them in decode.
   uint64_t active_bytes_per_token = 0;
   // Weight-matrix elements of that step (each one multiply-add per token: 2 ops per token in a
   // prefill's GEMM); the embedding row counts its n_embd elements.
