@@ -145,6 +145,7 @@ int run_calibrate(const CalibrateOptions& o) {
     auto old = read_calibration(path);  // keep the disk figure of an earlier run
     if (old && old->has_value() && (*old)->limits.nvme_gbps > 0) {
       h.nvme_gbps = (*old)->limits.nvme_gbps;
+      h.nvme_4k_gbps = (*old)->limits.nvme_4k_gbps;
       disk_line += strfmt("; keeping %.2f GB/s from the run of %s", h.nvme_gbps, (*old)->date.c_str());
     }
   } else {
@@ -167,6 +168,16 @@ int run_calibrate(const CalibrateOptions& o) {
     } else {
       disk_line += " (not cached: the reads were not O_DIRECT from a disk, so they measure memory)";
     }
+    // random 4 KiB reads at a deep queue: what Engram rows cost (deepseek41)
+    d.block_bytes = 4096;
+    d.queue_depth = 64;
+    d.access = storage::DiskAccess::random;
+    d.seconds = 2;
+    step(("random 4 KiB disk reads in " + d.path + " (queue depth 64)").c_str());
+    auto r4 = storage::measure_disk_read(d);
+    if (!r4) return fail(r4.error().message);
+    disk_line += strfmt("; random 4 KiB reads at queue depth 64: %.3f GB/s (%.0f reads/s)", r4->gbps, r4->gbps * 1e9 / 4096);
+    if (r4->direct && !r4->memory_backed) h.nvme_4k_gbps = r4->gbps;
   }
 
   std::string engine_line = "not measured (give -m MODEL to measure the CPU forward pass on it)";
@@ -210,6 +221,7 @@ int run_calibrate(const CalibrateOptions& o) {
                         {"cpu_bf16_gflops", h.cpu_bf16_gflops},
                         {"bf16_method", std::string(cpu::bf16_peak_method())},
                         {"nvme_gbps", h.nvme_gbps},
+                        {"nvme_4k_gbps", h.nvme_4k_gbps},
                         {"disk", disk_line},
                         {"pcie", pcie_line},
                         {"cpu_decode_efficiency", h.cpu_decode_efficiency},

@@ -20,7 +20,28 @@ struct PlanCliOptions {
   std::string quant = "q4_k";
   int n_prompt = 512;
   bool json = false;
+  bool seed_boxes = false;
 };
+
+// The boxes DeepSeek-V4.1-Flash users report figures from (issue #32): a preset of configs/ with
+// what differs, and the decode speed reported on it.
+struct SeedBox {
+  const char* label;
+  const char* preset;
+  std::vector<std::string> sets;
+  double reported_tok_s;
+  const char* reported_how;
+};
+const std::vector<SeedBox>& seed_boxes() {
+  static const std::vector<SeedBox> boxes = {
+      {"RTX 3090 + 503 GiB DDR4 server", "rtx3090.toml",
+       {"budgets.ram=480GiB", "hardware.ram=503GiB", "hardware.dram_gbps=150", "hardware.weights_gbps=130"}, 19.3,
+       "CPU expert tier + elastic VRAM cache"},
+      {"RTX 5090 + 126 GiB", "rtx5090.toml", {"budgets.ram=112GiB", "hardware.ram=126GiB"}, 5.1, "NVMe-bound"},
+      {"RTX 5060 8 GB + 16 GB RAM cache", "rtx5060.toml", {"budgets.ram=16GiB"}, 2.4, "RAM cache of 16 GB"},
+  };
+  return boxes;
+}
 
 int fail(const std::string& m) {
   std::fprintf(stderr, "strata plan: %s\n", m.c_str());
@@ -36,7 +57,52 @@ std::string split(const StepTime& t) {
          " | NVMe " + pct(t.nvme_s, t.total_s);
 }
 
+int run_plan(const PlanCliOptions& o);
+
+// --seed-boxes: the plan of the model on each seed box, its predicted speed beside the figure users
+// report there.
+int run_seed_boxes(const PlanCliOptions& o) {
+  std::printf("predictions (strata plan) for %s on the boxes users report from (issue #32); reported figures are "
+              "theirs, not measured here\n\n",
+              o.shape.empty() ? "-m MODEL" : ("shape " + o.shape + " at " + o.quant).c_str());
+  std::printf("| box | Engram tables | routed-expert uses VRAM / RAM / NVMe | predicted decode | predicted prefill %d | reported decode |\n",
+              o.n_prompt);
+  std::printf("|---|---|---|---:|---:|---:|\n");
+  for (const SeedBox& b : seed_boxes()) {
+    CommonOptions co = o.common;
+    co.config_path = std::string(STRATA_CONFIG_DIR) + "/" + b.preset;
+    co.sets.insert(co.sets.begin(), b.sets.begin(), b.sets.end());
+    auto c = resolve_config(co);
+    if (!c) return fail(c.error().message);
+    auto pm = !o.shape.empty() ? plan_model_for_shape(o.shape, o.quant, c->kv_type) : [&]() -> Result<PlanModel> {
+      auto file = GgufFile::open(c->model_path, MappedFile::Mode::mmap);
+      if (!file) return file.error();
+      return plan_model_from_gguf(*file, c->kv_type);
+    }();
+    if (!pm) return fail(pm.error().message);
+    auto resolved = resolve_limits(*c);
+    if (!resolved) return fail(resolved.error().message);
+    PlanOptions po;
+    po.ctx = c->ctx > 0 ? c->ctx : 4096;
+    po.prompt_tokens = o.n_prompt;
+    auto plan = make_plan(*pm, *c, resolved->limits, po);
+    if (!plan) return fail(std::string(b.label) + ": " + plan.error().message);
+    const Placement& p = plan->placement;
+    const std::string engram = pm->engram_bytes == 0 ? "none"
+                               : p.ram_engram > 0   ? "in RAM (" + format_size(p.ram_engram) + ")"
+                                                    : "on NVMe, row cache " + format_size(p.engram_cache) +
+                                                          strfmt(" (%.1f%% of rows in RAM)", 100 * plan->engram_hit);
+    std::printf("| %s (`-c configs/%s", b.label, b.preset);
+    for (const std::string& s : b.sets) std::printf(" --set %s", s.c_str());
+    std::printf("`) | %s | %.0f%% / %.0f%% / %.0f%% | %.1f tok/s | %.0f tok/s | %.1f tok/s (%s) |\n", engram.c_str(),
+                100 * plan->hit_vram, 100 * plan->hit_ram, 100 * plan->miss_nvme, plan->decode.tok_per_s,
+                plan->prefill.tok_per_s, b.reported_tok_s, b.reported_how);
+  }
+  return 0;
+}
+
 int run_plan(const PlanCliOptions& o) {
+  if (o.seed_boxes) return run_seed_boxes(o);
   auto config = resolve_config(o.common);
   if (!config) return fail(config.error().message);
   Config& c = *config;
@@ -114,6 +180,12 @@ int run_plan(const PlanCliOptions& o) {
               format_size(p.ram_kv).c_str(), static_cast<long long>(p.experts_in_ram), format_size(p.ram_experts).c_str());
   std::printf("  NVMe  %10s: %lld experts streamed when routed to\n", format_size(p.nvme_experts).c_str(),
               static_cast<long long>(p.experts_on_nvme));
+  if (pm->engram_bytes > 0)
+    std::printf("  Engram tables %s (%llu rows of %s per token): %s\n", format_size(pm->engram_bytes).c_str(),
+                static_cast<unsigned long long>(pm->engram_rows_per_token), format_size(pm->engram_row_bytes).c_str(),
+                p.ram_engram > 0 ? "in RAM"
+                                 : ("on NVMe, read row by row into a RAM row cache of " + format_size(p.engram_cache) +
+                                    strfmt(" (%.1f%% of the rows)", 100 * plan->engram_hit)).c_str());
   std::printf("  routed-expert uses served by: VRAM %.0f%% | RAM %.0f%% | NVMe %.0f%%\n", 100 * plan->hit_vram,
               100 * plan->hit_ram, 100 * plan->miss_nvme);
   const StepTime& d = plan->decode;
@@ -137,6 +209,9 @@ Runner add_plan_command(CLI::App& app) {
   sub->add_option("--quant", o->quant, "quant mix of --shape: q8_0, q4_k (Q4_K_M), mxfp4");
   sub->add_option("-p,--n-prompt", o->n_prompt, "prompt tokens of the prefill prediction")->check(CLI::PositiveNumber);
   sub->add_flag("--json", o->json, "print the plan as JSON");
+  sub->add_flag("--seed-boxes", o->seed_boxes,
+                "plan on each box DeepSeek-V4.1-Flash users report from (presets of configs/ and what differs) and "
+                "print the predictions beside the reported figures");
   return [o] { return run_plan(*o); };
 }
 

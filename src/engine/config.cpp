@@ -196,6 +196,7 @@ const std::vector<KeySpec>& key_specs() {
       NUMBER_KEY("dram_gbps", dram_gbps, "RAM streaming read bandwidth of the compute threads, GB/s"),
       NUMBER_KEY("weights_gbps", weights_gbps, "GB/s the decode kernels reach reading expert weights from RAM"),
       NUMBER_KEY("nvme_gbps", nvme_gbps, "NVMe read bandwidth (O_DIRECT, queue depth as configured), GB/s"),
+      NUMBER_KEY("nvme_4k_gbps", nvme_4k_gbps, "NVMe random 4 KiB reads (O_DIRECT, queue depth 64: Engram rows), GB/s"),
       NUMBER_KEY("repack_gbps", repack_gbps, "GB/s of experts read from NVMe that the CPU threads interleave into the kernels' layout"),
       NUMBER_KEY("pcie_h2d_gbps", pcie_h2d_gbps, "host-to-GPU copy bandwidth from pinned memory, GB/s"),
       NUMBER_KEY("pcie_d2h_gbps", pcie_d2h_gbps, "GPU-to-host copy bandwidth, GB/s"),
@@ -291,6 +292,7 @@ void fill_unknown(HardwareLimits& into, const HardwareLimits& from) {
   fill(into.dram_gbps, from.dram_gbps);
   fill(into.weights_gbps, from.weights_gbps);
   fill(into.nvme_gbps, from.nvme_gbps);
+  fill(into.nvme_4k_gbps, from.nvme_4k_gbps);
   fill(into.repack_gbps, from.repack_gbps);
   fill(into.pcie_h2d_gbps, from.pcie_h2d_gbps);
   fill(into.pcie_d2h_gbps, from.pcie_d2h_gbps);
@@ -546,6 +548,7 @@ Status write_calibration(const std::string& path, const Calibration& c) {
   put("dram_gbps", h.dram_gbps);
   put("weights_gbps", h.weights_gbps);
   put("nvme_gbps", h.nvme_gbps);
+  put("nvme_4k_gbps", h.nvme_4k_gbps);
   put("repack_gbps", h.repack_gbps);
   put("pcie_h2d_gbps", h.pcie_h2d_gbps);
   put("pcie_d2h_gbps", h.pcie_d2h_gbps);

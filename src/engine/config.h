@@ -27,6 +27,7 @@ struct HardwareLimits {
   double dram_gbps = 0;         // streaming read of RAM by all compute threads, GB/s
   double weights_gbps = 0;      // what the decode kernels achieve reading expert weights, GB/s
   double nvme_gbps = 0;         // O_DIRECT reads at the configured queue depth, GB/s
+  double nvme_4k_gbps = 0;      // random 4 KiB O_DIRECT reads at queue depth 64 (Engram rows), GB/s
   double repack_gbps = 0;       // experts read from NVMe interleaved for the kernels by all threads, GB/s
   double pcie_h2d_gbps = 0;     // host to device copies from pinned memory, GB/s
   double pcie_d2h_gbps = 0;     // device to host

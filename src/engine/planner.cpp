@@ -11,7 +11,7 @@
 namespace strata {
 
 uint64_t PlanModel::total_bytes() const {
-  uint64_t t = embd_bytes + output_bytes;
+  uint64_t t = embd_bytes + output_bytes + engram_bytes;
   for (const Layer& l : layers) t += l.fixed_bytes + l.expert_bytes * uint64_t(n_expert);
   return t;
 }
@@ -34,6 +34,8 @@ Result<PlanModel> plan_model_from_gguf(const GgufFile& f, KvType kv) {
   m.n_vocab = int(s->n_vocab);
   m.n_expert = int(s->n_expert);
   m.n_expert_used = int(s->n_expert_used);
+  m.engram_rows_per_token = s->engram_rows_per_token;
+  m.engram_row_bytes = s->engram_rows_per_token > 0 ? s->engram_bytes_per_token / s->engram_rows_per_token : 0;
   m.layers.resize(size_t(hp->n_layer));
   const uint64_t kv_layer = kv_bytes_per_token(*hp, kv) / uint64_t(std::max(hp->n_layer, 1));
   for (auto& l : m.layers) l.kv_bytes_per_token = kv_layer;
@@ -50,6 +52,10 @@ Result<PlanModel> plan_model_from_gguf(const GgufFile& f, KvType kv) {
       continue;
     }
     if (layer < 0 || layer >= hp->n_layer) continue;  // MTP (nextn) layers: not run in decode
+    if (role == TensorRole::engram) {
+      m.engram_bytes += t.n_bytes;
+      continue;
+    }
     PlanModel::Layer& l = m.layers[size_t(layer)];
     if (role == TensorRole::routed_expert) {
       const uint64_t n_exp = std::max<uint64_t>(t.ne[2], 1);
@@ -175,10 +181,37 @@ Result<Plan> make_plan(const PlanModel& m, const Config& c, const HardwareLimits
                  gib(p.ram_fixed) + " of weights every token reads + " + gib(p.ram_kv) + " of KV cache (" +
                  std::to_string(ctx) + " positions)"};
   }
-  const uint64_t ram_left = ram_budget - p.ram_fixed - p.ram_kv;
+  uint64_t ram_left = ram_budget - p.ram_fixed - p.ram_kv;
+  const uint64_t experts_bytes = m.expert_bytes_total();
+
+  // ---- Engram tables: in RAM when everything fits, else on NVMe with a row cache (as the engine
+  // decides: config.h check_budgets) ----
+  if (m.engram_bytes > 0) {
+    const uint64_t vram_experts = std::min<uint64_t>(vram_left, experts_bytes);
+    if (c.engram_tables == "ram" || m.engram_bytes + experts_bytes - vram_experts <= ram_left) {
+      if (m.engram_bytes > ram_left)
+        return Error{"config " + c.source + ": storage.engram_tables = \"ram\" but budgets.ram leaves " + gib(ram_left) +
+                     " for the " + gib(m.engram_bytes) + " of Engram tables"};
+      p.ram_engram = m.engram_bytes;
+      ram_left -= m.engram_bytes;
+    } else {
+      p.engram_cache = std::min(c.engram_cache > 0 ? c.engram_cache : ram_left / 8, m.engram_bytes);
+      ram_left -= std::min(ram_left, p.engram_cache);
+      p.nvme_engram = m.engram_bytes;
+      plan.engram_hit = double(p.engram_cache) / double(m.engram_bytes);
+      plan.notes.push_back(strfmt("Engram tables on NVMe with a %s row cache: rows assumed uniform (%.1f%% found in RAM; "
+                                  "real n-grams recur, so more)", gib(p.engram_cache).c_str(), 100 * plan.engram_hit));
+      if (hw.nvme_4k_gbps <= 0 && hw.nvme_gbps <= 0)
+        return missing(c, "hardware.nvme_4k_gbps", "the Engram tables must be read row by row from NVMe");
+      if (hw.nvme_4k_gbps <= 0)
+        plan.notes.push_back("hardware.nvme_4k_gbps unknown: random 4 KiB reads assumed at a quarter of hardware.nvme_gbps");
+    }
+  }
+  const double nvme_4k = hw.nvme_4k_gbps > 0 ? hw.nvme_4k_gbps : hw.nvme_gbps / 4;
+  // a missed row costs its 4 KiB block
+  const double engram_miss_bytes = double(m.engram_rows_per_token) * (1.0 - plan.engram_hit) * 4096.0;
 
   // ---- routed experts: VRAM, then RAM, then NVMe, the same share of every layer ----
-  const uint64_t experts_bytes = m.expert_bytes_total();
   p.experts_total = int64_t(m.n_expert) * int64_t(std::count_if(m.layers.begin(), m.layers.end(),
                                                                 [](const PlanModel::Layer& l) { return l.expert_bytes > 0; }));
   double v = 0, r = 0;
@@ -243,7 +276,9 @@ Result<Plan> make_plan(const PlanModel& m, const Config& c, const HardwareLimits
     plan.notes.push_back("hardware.repack_gbps unknown: the CPU's interleave of each expert read from NVMe is not "
                          "counted (strata calibrate measures it; 0 where the kernels read the file's layout)");
   const double t_cpu_exp = (ram_exp + nvme_exp) / (ram_gbps * 1e9) / eff_d + nvme_exp * repack_s_per_byte;
-  const double t_nvme = nvme_exp > 0 ? nvme_exp / (hw.nvme_gbps * 1e9) : 0.0;
+  // the Engram rows share the disk; their reads are submitted before layer 0, so they overlap compute
+  const double t_nvme = (nvme_exp > 0 ? nvme_exp / (hw.nvme_gbps * 1e9) : 0.0) +
+                        (engram_miss_bytes > 0 ? engram_miss_bytes / (nvme_4k * 1e9) : 0.0);
   // hand-overs of the hidden state: around every MoE layer whose experts are split between GPU and
   // CPU, and at the boundary between GPU and CPU layers
   int handovers = 0;
@@ -281,7 +316,7 @@ Result<Plan> make_plan(const PlanModel& m, const Config& c, const HardwareLimits
   d.ram_bytes = uint64_t(cpu_fixed + ram_exp + nvme_exp);
   d.vram_bytes = uint64_t(gpu_fixed + gpu_exp);
   d.pcie_bytes = uint64_t(handovers * handover_bytes + promoted_bytes);
-  d.nvme_bytes = uint64_t(nvme_exp);
+  d.nvme_bytes = uint64_t(nvme_exp + engram_miss_bytes);
   if (c.prefetch_depth > 0 && t_nvme > 0)
     plan.notes.push_back(strfmt("storage.prefetch_depth = %d: NVMe reads counted as overlapped with compute (a perfect predictor)", c.prefetch_depth));
 
@@ -327,6 +362,11 @@ Result<Plan> make_plan(const PlanModel& m, const Config& c, const HardwareLimits
       t_pf_nvme += used * miss * S / (hw.nvme_gbps * 1e9);
       pf_nvme_bytes += used * miss * S;
     }
+  }
+  // a prompt's Engram rows are read in one sorted batch before the first layer
+  if (engram_miss_bytes > 0) {
+    t_pf_nvme += n * engram_miss_bytes / (nvme_4k * 1e9);
+    pf_nvme_bytes += n * engram_miss_bytes;
   }
   const double pf_compute = std::max(t_pf_cpu, t_pf_gpu + t_pf_pcie);
   pf.total_s = c.prefetch_depth > 0 ? std::max(pf_compute, t_pf_nvme) : pf_compute + t_pf_nvme;

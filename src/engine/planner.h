@@ -39,6 +39,11 @@ struct PlanModel {
     uint64_t kv_bytes_per_token = 0;
   };
   std::vector<Layer> layers;
+  // deepseek41's Engram tables: their bytes (outside the layers' fixed parts), the rows one token
+  // reads of them and a row's bytes
+  uint64_t engram_bytes = 0;
+  uint64_t engram_rows_per_token = 0;
+  uint64_t engram_row_bytes = 0;
 
   uint64_t total_bytes() const;
   uint64_t expert_bytes_total() const;
@@ -87,6 +92,10 @@ struct Placement {
   uint64_t nvme_experts = 0;
   int64_t experts_on_nvme = 0;
   int64_t experts_total = 0;
+  // deepseek41's Engram tables: wholly in RAM, or on NVMe with a RAM row cache
+  uint64_t ram_engram = 0;         // tables in RAM
+  uint64_t engram_cache = 0;       // the row cache (tables on NVMe)
+  uint64_t nvme_engram = 0;
 };
 
 // Predicted time of one step, split by resource. `total` is the critical path; the parts can sum
@@ -101,6 +110,7 @@ struct StepTime {
 struct Plan {
   Placement placement;
   double hit_vram = 0, hit_ram = 0, miss_nvme = 0;  // share of routed-expert uses served by each tier
+  double engram_hit = 1;  // share of Engram rows found in RAM
   StepTime decode;
   StepTime prefill;
   std::vector<std::string> notes;  // assumptions and decisions, one line each
