@@ -53,6 +53,7 @@ Result<std::unique_ptr<RowStore>> RowStore::open(std::vector<RowTable> tables, c
   s->slot_bytes_ = widest;
   s->arena_.resize(size_t(s->cache_.capacity()) * widest);
   s->state_.assign(size_t(s->cache_.capacity()), kEmpty);
+  s->wanted_.assign(size_t(s->cache_.capacity()), 0);
   s->pinned_.resize(s->tables_.size());
   storage::BlockReaderOptions ro;
   ro.queue_depth = options.queue_depth;
@@ -128,6 +129,7 @@ void RowStore::done(uint64_t tag, const Status& status) {
   auto it = reads_.find(tag);
   STRATA_CHECK(it != reads_.end(), "a completion of an unknown Engram read");
   Read& r = it->second;
+  bool wake = false;
   for (const auto& [at, slot] : r.rows) {
     if (status.ok()) {
       std::memcpy(&arena_[size_t(slot) * slot_bytes_], r.buffer + (at - r.offset), slot_bytes_);
@@ -135,12 +137,16 @@ void RowStore::done(uint64_t tag, const Status& status) {
     } else {
       state_[size_t(slot)] = kFailed;
     }
+    if (wanted_[size_t(slot)]) {
+      wanted_[size_t(slot)] = 0;
+      wake = --wanted_left_ == 0;
+    }
   }
   if (!status.ok() && error_.ok()) error_ = status;
   std::free(r.buffer);
   reads_.erase(it);
   if (--in_flight_ == 0) stats_.read_seconds += now_seconds() - busy_since_;
-  cv_.notify_all();
+  if (wake) cv_.notify_all();
 }
 
 void RowStore::unpin_locked(int64_t slot) {
@@ -186,6 +192,7 @@ void RowStore::prefetch(int t, std::span<const int64_t> rows) {
 bool RowStore::gather(int t, std::span<const int64_t> rows, uint8_t* out, int tag) {
   STRATA_CHECK(t >= 0 && size_t(t) < tables_.size());
   const uint32_t rb = tables_[size_t(t)].row_bytes;
+  std::lock_guard one(gather_mu_);
   std::unique_lock lock(mu_);
   stats_.rows += int64_t(rows.size());
   // the slot of every row; rows in no slot are read now (distinct, sorted), pinned like the others
@@ -225,14 +232,18 @@ bool RowStore::gather(int t, std::span<const int64_t> rows, uint8_t* out, int ta
     const size_t j = size_t(std::lower_bound(absent.begin(), absent.end(), rows[i]) - absent.begin());
     slot_of[i] = read[j];
   }
-  // wait for the rows in flight, then copy
+  // wait for the rows in flight (one wake-up when the last is in), then copy
   const double t0 = now_seconds();
-  bool waited = false;
+  for (int64_t slot : slot_of)
+    if (slot >= 0 && state_[size_t(slot)] == kLoading && !wanted_[size_t(slot)]) {
+      wanted_[size_t(slot)] = 1;
+      ++wanted_left_;
+    }
+  const bool waited = wanted_left_ > 0;
+  cv_.wait(lock, [&] { return wanted_left_ == 0; });
   for (size_t i = 0; ok && i < rows.size(); ++i) {
     const int64_t slot = slot_of[i];
     if (slot < 0) continue;
-    if (state_[size_t(slot)] == kLoading) waited = true;
-    cv_.wait(lock, [&] { return state_[size_t(slot)] != kLoading; });
     if (state_[size_t(slot)] != kReady) {
       ok = false;
       break;

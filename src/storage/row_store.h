@@ -118,6 +118,11 @@ class RowStore {
   std::condition_variable cv_;
   RowCache cache_;
   std::vector<uint8_t> state_;                  // [slot] SlotState
+  // the gather in progress (one at a time: gather_mu_) waits for the slots marked wanted_, counted
+  // in wanted_left_; a completion wakes it only when the last of them is in
+  std::mutex gather_mu_;
+  std::vector<uint8_t> wanted_;                 // [slot]
+  int64_t wanted_left_ = 0;
   std::vector<std::vector<int64_t>> pinned_;    // [table]: slots prefetch pinned for the next gather
   std::unordered_map<uint64_t, Read> reads_;    // by tag
   uint64_t next_tag_ = 1;
