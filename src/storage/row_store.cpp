@@ -30,6 +30,32 @@ RowStore::RowStore(std::vector<RowTable> tables, const RowStoreOptions& options)
 RowStore::~RowStore() {
   if (reader_) reader_->drain();  // no completion may touch the store after this
   for (auto& [tag, r] : reads_) std::free(r.buffer);
+  for (auto& list : pool_)
+    for (uint8_t* b : list) std::free(b);
+}
+
+uint8_t* RowStore::take_buffer_locked(size_t bytes) {
+  const size_t c = bytes / kAlign - 1;
+  if (c < pool_.size() && !pool_[c].empty()) {
+    uint8_t* b = pool_[c].back();
+    pool_[c].pop_back();
+    pool_bytes_ -= bytes;
+    return b;
+  }
+  auto* b = static_cast<uint8_t*>(std::aligned_alloc(kAlign, bytes));
+  STRATA_CHECK(b != nullptr, "out of memory for an Engram read");
+  return b;
+}
+
+void RowStore::give_buffer_locked(uint8_t* buffer, size_t bytes) {
+  if (pool_bytes_ + bytes > kPoolBytes) {
+    std::free(buffer);
+    return;
+  }
+  const size_t c = bytes / kAlign - 1;
+  if (c >= pool_.size()) pool_.resize(c + 1);
+  pool_[c].push_back(buffer);
+  pool_bytes_ += bytes;
 }
 
 Result<std::unique_ptr<RowStore>> RowStore::open(std::vector<RowTable> tables, const std::string& path,
@@ -108,8 +134,7 @@ std::vector<int64_t> RowStore::read_rows_locked(int t, std::span<const int64_t> 
   if (batch.empty()) return slots;
   std::vector<storage::BlockRead> submit;
   for (Read& r : batch) {
-    r.buffer = static_cast<uint8_t*>(std::aligned_alloc(kAlign, r.bytes));
-    STRATA_CHECK(r.buffer != nullptr, "out of memory for an Engram read");
+    r.buffer = take_buffer_locked(r.bytes);
     const uint64_t tag = next_tag_++;
     submit.push_back({0, r.offset, r.bytes, r.buffer, tag});
     stats_.reads += 1;
@@ -143,7 +168,7 @@ void RowStore::done(uint64_t tag, const Status& status) {
     }
   }
   if (!status.ok() && error_.ok()) error_ = status;
-  std::free(r.buffer);
+  give_buffer_locked(r.buffer, r.bytes);
   reads_.erase(it);
   if (--in_flight_ == 0) stats_.read_seconds += now_seconds() - busy_since_;
   if (wake) cv_.notify_all();

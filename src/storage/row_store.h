@@ -106,6 +106,13 @@ class RowStore {
   std::vector<int64_t> read_rows_locked(int t, std::span<const int64_t> rows, std::unique_lock<std::mutex>& lock);
   void done(uint64_t tag, const Status& status);
   void unpin_locked(int64_t slot);
+  // Staging buffers of whole blocks, kept for reuse (up to kPoolBytes): allocating and freeing
+  // one per read cost page faults at every read. mu_ held.
+  uint8_t* take_buffer_locked(size_t bytes);
+  void give_buffer_locked(uint8_t* buffer, size_t bytes);
+  static constexpr size_t kPoolBytes = size_t(64) << 20;
+  std::vector<std::vector<uint8_t*>> pool_;  // [blocks - 1]
+  size_t pool_bytes_ = 0;
 
   std::vector<RowTable> tables_;
   RowStoreOptions options_;
