@@ -433,7 +433,9 @@ int run_bench(const BenchOptions& o) {
         std::vector<std::vector<int32_t>> next;
         for (size_t i = 0; i < seqs.size(); ++i) {
           batch.push_back(seqs[i].get());
-          next.push_back({tokens[(size_t(o.depth) + i) % tokens.size()]});
+          // each repetition starts from another token: the same greedy walk again would find
+          // every Engram row (and more experts) cached from the last one
+          next.push_back({tokens[(size_t(o.depth) + i + size_t(rep) * 7919) % tokens.size()]});
         }
         const size_t V = size_t(m.hparams().n_vocab);
         for (int i = 0; i < t.n; ++i) {
