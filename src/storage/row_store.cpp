@@ -29,6 +29,7 @@ RowStore::RowStore(std::vector<RowTable> tables, const RowStoreOptions& options)
 
 RowStore::~RowStore() {
   if (reader_) reader_->drain();  // no completion may touch the store after this
+  reader_.reset();                 // its thread ends before the members it calls back into go
   for (auto& [tag, r] : reads_) std::free(r.buffer);
   for (auto& list : pool_)
     for (uint8_t* b : list) std::free(b);
