@@ -499,7 +499,7 @@ void add_deepseek4_layer(PlanBuilder& b, const SynthShape& s, int l) {
       b.norm(b.blk(l, "indexer.k_norm.weight"), id);
     }
     if (is_engram_layer(s, l)) {
-      const uint64_t S = s.hc_streams, kw = uint64_t(s.engram_max_ngram - 1) * s.engram_heads * s.engram_dim;
+      const uint64_t kw = uint64_t(s.engram_max_ngram - 1) * s.engram_heads * s.engram_dim;
       b.embedding_table(b.blk(l, "engram_embd.weight"), {s.engram_dim, b.engram_rows(l)});
       b.weight(b.blk(l, "engram_wkv.weight"), {kw, (S + 1) * d}, kw);
       b.norm2d(b.blk(l, "engram_q.weight"), {d, S});
