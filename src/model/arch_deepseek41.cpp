@@ -33,6 +33,7 @@ using EngramBatch = std::vector<std::vector<int64_t>>;
 // Records the batch's compressed ids in their caches and hashes each token's n-grams.
 EngramBatch engram_rows(const HParams& hp, std::span<const SeqSpan> seqs, const int32_t* tokens, int64_t n_tok) {
   const EngramParams& e = hp.engram;
+  if (e.layers.empty()) return {};  // a file without Engram layers: no ids kept, nothing hashed
   const int64_t per = e.rows_per_token();
   EngramBatch rows(e.layers.size(), std::vector<int64_t>(size_t(n_tok * per)));
   for (int64_t t = 0; const SeqSpan& seq : seqs) {
