@@ -14,7 +14,12 @@
 //    matmul primitive, for the comparison of issue #4 item 6, with the weights in oneDNN's own
 //    packed layout and in the file's (rows contiguous).
 //
-//   build/bench/strata_bench_kernels --benchmark_filter='expert_ffn|gemm|onednn'
+//  - BM_attention_decode: one decoded token's GQA attention (attention_gqa) over qwen3-30b-a3b's
+//    heads (32 query heads in 4 kv heads of 128 dims) after D tokens of context, per KV entry
+//    type, over 12 layers' caches used in turn (the bytes of 12 layers exceed the caches of the
+//    CPU at depth 4096). Counters GBps (cache bytes read per second) and bw_frac (of the DRAM probes).
+//
+//   build/bench/strata_bench_kernels --benchmark_filter='expert_ffn|gemm|onednn|attention'
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -31,6 +36,7 @@
 #include "bench/bench_common.h"
 #include "cpu/calibrate.h"
 #include "cpu/kernels.h"
+#include "cpu/kv_format.h"
 #include "cpu/ops.h"
 #include "cpu/quant_traits.h"
 #include "cpu/thread_pool.h"
@@ -42,6 +48,38 @@
 
 namespace strata::bench {
 namespace {
+
+// ---- decode attention ----
+
+void BM_attention_decode(benchmark::State& state, KvType type, int64_t depth) {
+  constexpr int kLayers = 12, kHeads = 32, kKvHeads = 4, kDim = 128;
+  KvCache cache;
+  cache.init_key_blocks(kLayers, int(depth + 1), kKvHeads, kDim, kKvHeads * kDim, type);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> k(static_cast<size_t>(kDim)), q(static_cast<size_t>(kHeads * kDim)), out(q.size());
+  for (int il = 0; il < kLayers; ++il)
+    for (int hk = 0; hk < kKvHeads; ++hk)
+      for (int64_t pos = 0; pos <= depth; ++pos) {
+        for (float& x : k) x = nd(rng);
+        cpu::kv_store_key(type, k.data(), kDim, cache.k_block_bytes(il, hk, pos / KvCache::kKeyBlock),
+                          pos % KvCache::kKeyBlock);
+        cpu::kv_store_value(type, k.data(), kDim, cache.v_row_bytes(il, hk, pos));
+      }
+  for (float& x : q) x = nd(rng);
+  const AttentionParams p{.n_head = kHeads, .n_head_kv = kKvHeads, .head_dim_k = kDim, .head_dim_v = kDim,
+                          .scale = 1.0f / std::sqrt(float(kDim))};
+  const size_t bytes = cache.bytes_per_position() / kLayers * size_t(depth + 1);
+  DramTracker dram(state);
+  int layer = 0;
+  for (auto _ : state) {
+    attention_gqa(p, cache, layer, q.data(), 1, depth, out.data());
+    benchmark::DoNotOptimize(out.data());
+    layer = (layer + 1) % kLayers;
+    dram.tick();
+  }
+  set_bandwidth_counters(state, bytes, dram.kernel_seconds(), dram.mean_gbps());
+}
 
 // ---- the fused expert FFN of one MoE layer ----
 
@@ -193,6 +231,12 @@ const int kRegistered = [] {
                                    BM_expert_ffn, type, 16, n_tok)
           ->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(3.0);
   }
+  for (KvType type : {KvType::f32, KvType::f16, KvType::q8_0})
+    for (int64_t depth : {1024, 4096, 16384})
+      benchmark::RegisterBenchmark(
+          (std::string("BM_attention_decode/") + cpu::kv_type_name(type) + "/" + std::to_string(depth)).c_str(),
+          BM_attention_decode, type, depth)
+          ->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(1.0);
   for (GgmlType type : {GgmlType::q4_k, GgmlType::q6_k, GgmlType::q8_0, GgmlType::mxfp4, GgmlType::q4_0,
                         GgmlType::q5_k, GgmlType::bf16, GgmlType::f16}) {
     const std::string tname(quant_traits(type).name);

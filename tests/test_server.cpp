@@ -672,7 +672,8 @@ std::string check_plain(const std::string& body, bool chat) {
   const std::string reason = ch.value("finish_reason", "");
   if (reason != "stop" && reason != "length") return "finish_reason '" + reason + "'";
   const json& u = j["usage"];
-  if (!u.contains("completion_tokens") || u["completion_tokens"].get<int>() < 1 ||
+  // a sampled reply may stop at its first token (a stop token is not counted): 0 tokens then
+  if (!u.contains("completion_tokens") || u["completion_tokens"].get<int>() < (reason == "stop" ? 0 : 1) ||
       u["total_tokens"].get<int>() != u["prompt_tokens"].get<int>() + u["completion_tokens"].get<int>())
     return "bad usage";
   return "";

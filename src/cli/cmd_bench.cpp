@@ -1,12 +1,14 @@
 // strata bench: prefill and decode speed, as a table like llama-bench's. Without -p / -n it runs
 // the standard sweep: prompt 512 and 4096 (pp), decode 128 (tg) with 1 and 4 sequences decoded
 // together (the server's continuous batching). Each test runs in a fresh session
-// (after --depth tokens of context) on random tokens, --reps times; the table gives the mean and
-// standard deviation of tok/s and compares each test with the machine's limit measured just
-// before it (DRAM roofline for decode, int8 peak for prefill: shared machines drift).
+// (after --depth tokens of context, evaluated once) on random tokens: an untimed warm-up pass
+// (unless --no-warmup), then --reps timed ones; the table gives the median and standard deviation
+// of tok/s and compares each test with the machine's limit measured around it (DRAM roofline for
+// decode, int8 peak for prefill: shared machines drift).
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
@@ -42,6 +44,7 @@ struct BenchOptions {
   std::vector<int> streams;  // decode tests: sequences decoded together; empty: 1 (sweep: 1 and 4)
   int depth = 0;
   int reps = 3;
+  bool no_warmup = false;  // no untimed pass before each test's repetitions
   bool profile = false;
   bool json = false;
   std::string routing = "model";
@@ -64,6 +67,7 @@ struct Test {
 struct TestResult {
   Test test;
   std::vector<double> tok_per_s;
+  double warmup_tok_per_s = 0;  // the untimed pass before the repetitions (0: --no-warmup)
   double limit_fraction = 0;  // of the mean of the probes taken around the last repetition
   std::string limit_text;
   std::string profile_text;
@@ -177,6 +181,12 @@ double mean(const std::vector<double>& v) {
   double s = 0;
   for (double x : v) s += x;
   return v.empty() ? 0 : s / double(v.size());
+}
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
 }
 double stddev(const std::vector<double>& v) {
   if (v.size() < 2) return 0;
@@ -393,7 +403,8 @@ int run_bench(const BenchOptions& o) {
                 std::string(10, '-').c_str(), std::string(22, '-').c_str(), std::string(36, '-').c_str());
   }
   for (const Test& t : tests) {
-    TestResult r{t, {}, 0, "", ""};
+    TestResult r;
+    r.test = t;
     const int64_t need = o.depth + t.n + 1;
     if (need > ctx_limit) {
       std::fprintf(stderr, "strata bench: %s skipped: %lld tokens exceed the context of %lld\n", t.name().c_str(),
@@ -402,20 +413,62 @@ int run_bench(const BenchOptions& o) {
     }
     std::vector<int32_t> tokens(size_t(o.depth + t.n));
     for (auto& id : tokens) id = int32_t(rng() % uint32_t(m.hparams().n_vocab));
-    for (int rep = 0; rep < o.reps; ++rep) {
-      // decode tests step `streams` sequences together; prefill tests use the first only
-      std::vector<std::unique_ptr<Session>> seqs;
-      for (int i = 0; i < (t.prefill ? 1 : t.streams); ++i) seqs.push_back(std::make_unique<Session>(engine, int(need), cpu::MatmulPath::quantized, engine.config().kv_type));
-      Session& s = *seqs[0];
-      if (o.depth > 0) {
-        for (auto& q : seqs) {
-          auto l = q->eval(std::span<const int32_t>(tokens.data(), size_t(o.depth)));
-          if (!l) return fail(l.error().message);
+    // decode tests step `streams` sequences together; prefill tests use the first only. The
+    // --depth context is evaluated once; each pass starts again from it (truncate, or the part a
+    // compressor ring cannot resume evaluated again)
+    std::vector<std::unique_ptr<Session>> seqs;
+    for (int i = 0; i < (t.prefill ? 1 : t.streams); ++i)
+      seqs.push_back(std::make_unique<Session>(engine, int(need), cpu::MatmulPath::quantized, engine.config().kv_type));
+    auto back_to_depth = [&]() -> Status {
+      for (auto& q : seqs) {
+        const int64_t kept = q->n_past() > o.depth ? q->truncate(o.depth) : q->n_past();
+        if (kept < o.depth) {
+          auto l = q->eval(std::span<const int32_t>(tokens.data() + kept, size_t(o.depth - kept)));
+          if (!l) return l.error();
+          q->checkpoint();
         }
       }
+      return Status::success();
+    };
+    // one pass of the test (n tokens: the prompt, or decode steps); seconds
+    auto run_pass = [&](int pass, int n) -> Result<double> {
+      STRATA_TRY(back_to_depth());
+      Session& s = *seqs[0];
+      const auto t0 = std::chrono::steady_clock::now();
+      if (t.prefill) {
+        auto l = s.eval(std::span<const int32_t>(tokens.data() + o.depth, size_t(n)));
+        if (!l) return l.error();
+      } else {
+        std::vector<Session*> batch;
+        std::vector<std::vector<int32_t>> next;
+        for (size_t i = 0; i < seqs.size(); ++i) {
+          batch.push_back(seqs[i].get());
+          // each pass starts from another token: the same greedy walk again would find every
+          // Engram row (and more experts) cached from the last one
+          next.push_back({tokens[(size_t(o.depth) + i + size_t(pass + 1) * 7919) % tokens.size()]});
+        }
+        const size_t V = size_t(m.hparams().n_vocab);
+        for (int i = 0; i < n; ++i) {
+          auto l = Session::eval_batch(batch, next);
+          if (!l) return l.error();
+          for (size_t q = 0; q < batch.size(); ++q) next[q] = {argmax(std::span<const float>(l->data() + q * V, V))};
+        }
+      }
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    // the warm-up pass, untimed as llama-bench's: the first pass after loading pays for pages
+    // and buffers touched for the first time (a prefill's whole length; decode: a few steps)
+    if (!o.no_warmup) {
+      const int n = t.prefill ? t.n : std::min(t.n, 4);
+      auto sec = run_pass(-1, n);
+      if (!sec) return fail(sec.error().message);
+      r.warmup_tok_per_s = double(n) * (t.prefill ? 1 : t.streams) / *sec;
+    }
+    for (int rep = 0; rep < o.reps; ++rep) {
       // the machine's limit around the timed part: probed just before and just after, the mean
       // taken (this VM's bandwidth moves by 2x within minutes; one probe before a run that lasts
       // seconds missed phase changes in both directions)
+      if (auto st = back_to_depth(); !st.ok()) return fail(st.error().message);
       auto probe = [&] { return t.prefill ? cpu::measure_int8_peak_gops(pool) : cpu::measure_read_gbps(pool); };
       const double limit_before = probe();
       if (store != nullptr) store->reset_stats();
@@ -424,28 +477,10 @@ int run_bench(const BenchOptions& o) {
       const GpuTier::Stats gpu_before = engine.gpu_tier() ? engine.gpu_tier()->stats() : GpuTier::Stats{};
       const CudaBackend::Stats cuda_before = cuda != nullptr ? cuda->stats() : CudaBackend::Stats{};
       prof::enable(o.profile);
-      const auto t0 = std::chrono::steady_clock::now();
-      if (t.prefill) {
-        auto l = s.eval(std::span<const int32_t>(tokens.data() + o.depth, size_t(t.n)));
-        if (!l) return fail(l.error().message);
-      } else {
-        std::vector<Session*> batch;
-        std::vector<std::vector<int32_t>> next;
-        for (size_t i = 0; i < seqs.size(); ++i) {
-          batch.push_back(seqs[i].get());
-          // each repetition starts from another token: the same greedy walk again would find
-          // every Engram row (and more experts) cached from the last one
-          next.push_back({tokens[(size_t(o.depth) + i + size_t(rep) * 7919) % tokens.size()]});
-        }
-        const size_t V = size_t(m.hparams().n_vocab);
-        for (int i = 0; i < t.n; ++i) {
-          auto l = Session::eval_batch(batch, next);
-          if (!l) return fail(l.error().message);
-          for (size_t q = 0; q < batch.size(); ++q) next[q] = {argmax(std::span<const float>(l->data() + q * V, V))};
-        }
-      }
-      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      auto timed = run_pass(rep, t.n);
       prof::enable(false);
+      if (!timed) return fail(timed.error().message);
+      const double sec = *timed;
       const double limit = 0.5 * (limit_before + probe());
       r.tok_per_s.push_back(double(t.n) * (t.prefill ? 1 : t.streams) / sec);
       if (t.prefill) {
@@ -471,8 +506,13 @@ int run_bench(const BenchOptions& o) {
     }
     if (!o.json) {
       std::printf("| %-28s | %10s | %6.2f B | %-10s | %7d | %8s | %10.2f ± %7.2f | %-34s |\n", model_name.substr(0, 28).c_str(),
-                  format_size(sm.n_bytes).c_str(), params, backend.c_str(), pool.size(), t.name().c_str(), mean(r.tok_per_s),
+                  format_size(sm.n_bytes).c_str(), params, backend.c_str(), pool.size(), t.name().c_str(), median(r.tok_per_s),
                   stddev(r.tok_per_s), r.limit_text.c_str());
+      std::string samples;
+      for (double x : r.tok_per_s) samples += strfmt("%s%.2f", samples.empty() ? "" : ", ", x);
+      std::printf("    tok/s: median of %s; %s\n", samples.c_str(),
+                  o.no_warmup ? "no warm-up pass (--no-warmup): the first is the first pass after loading"
+                              : strfmt("warm-up pass before them %.2f (untimed)", r.warmup_tok_per_s).c_str());
       if (o.profile) std::printf("    %s\n", r.profile_text.c_str());
       if (store != nullptr) std::printf("    %s\n", r.nvme_text.c_str());
       if (!r.engram_text.empty()) std::printf("    %s\n", r.engram_text.c_str());
@@ -498,12 +538,14 @@ int run_bench(const BenchOptions& o) {
                      {"n_depth", o.depth},
                      {"streams", r.test.prefill ? 1 : r.test.streams},
                      {"avg_ts", mean(r.tok_per_s)},
+                     {"median_ts", median(r.tok_per_s)},
+                     {"warmup_ts", r.warmup_tok_per_s},
                      {"stddev_ts", stddev(r.tok_per_s)},
                      {"samples_ts", r.tok_per_s},
                      {"limit_fraction", r.limit_fraction},
                      {"limit", r.limit_text},
-                     {"prefill_tps", r.test.prefill ? mean(r.tok_per_s) : 0.0},
-                     {"decode_tps", r.test.prefill ? 0.0 : mean(r.tok_per_s)},
+                     {"prefill_tps", r.test.prefill ? median(r.tok_per_s) : 0.0},
+                     {"decode_tps", r.test.prefill ? 0.0 : median(r.tok_per_s)},
                      {"ram_hit_rate", r.ram_hit_rate},
                      {"nvme_bytes_per_token", r.nvme_bytes_per_token},
                      {"nvme_gbps", r.nvme_gbps},
@@ -548,7 +590,11 @@ Runner add_bench_command(CLI::App& app) {
   sub->add_option("-s,--streams", o->streams, "decode tests: sequences decoded together, tok/s summed (comma list, e.g. 1,2,4)")
       ->delimiter(',')->check(CLI::PositiveNumber);
   sub->add_option("-d,--depth", o->depth, "tokens of context before each test")->check(CLI::NonNegativeNumber);
-  sub->add_option("-r,--reps", o->reps, "repetitions of each test (default 3)")->check(CLI::PositiveNumber);
+  sub->add_option("-r,--reps", o->reps, "timed repetitions of each test (default 3; the table gives their median)")
+      ->check(CLI::PositiveNumber);
+  sub->add_flag("--no-warmup", o->no_warmup,
+                "no untimed warm-up pass before each test's repetitions (a prefill's whole prompt, 4 decode steps), "
+                "so the first repetition is the first pass after loading");
   sub->add_option("--numa-compare", o->numa_compare,
                   "compare splitting routed experts by rows (shard) with whole experts per node, on --routing "
                   "(synthetic by default), for these node counts (comma list), and stop")

@@ -94,7 +94,7 @@ int run_perplexity(const PerplexityArgs& a) {
                         {"tokens_scored", r->n_scored},
                         {"perplexity", r->ppl},
                         {"perplexity_err", r->ppl_err},
-                        {"kv_type", engine.config().kv_type == KvType::f16 ? "f16" : "f32"},
+                        {"kv_type", cpu::kv_type_name(engine.config().kv_type)},
                         {"seconds", secs}};
     if (r->kl) {
       j["reference"] = a.kl_exact ? "exact" : a.kl_base;

@@ -25,6 +25,7 @@ KernelTable reference_table() {
   t.exp_sum = detail::exp_sum_ref;
   t.silu_mul = detail::silu_mul_ref;
   t.half_to_float = detail::half_to_float_ref;
+  detail::add_attend_ref(t.attend.data());
   return t;
 }
 
@@ -41,6 +42,7 @@ KernelTable build_table(CpuIsa isa) {
     t.exp_sum = detail::exp_sum_avx2;
     t.silu_mul = detail::silu_mul_avx2;
     t.half_to_float = detail::half_to_float_avx2;
+    detail::add_attend_avx2(t.attend.data());
   }
   if (isa >= CpuIsa::avx512) {
     detail::add_avx512_kernels(t.vec_dot.data(), t.quantize_row.data());
@@ -51,6 +53,7 @@ KernelTable build_table(CpuIsa isa) {
     t.exp_sum = detail::exp_sum_avx512;
     t.silu_mul = detail::silu_mul_avx512;
     t.half_to_float = detail::half_to_float_avx512;
+    detail::add_attend_avx512(t.attend.data());
   }
 #endif
   return t;

@@ -71,6 +71,38 @@ using SiluMulFn = void (*)(float* g, const float* u, int64_t n);
 // cache is read through it.
 using HalfToFloatFn = void (*)(const uint16_t* x, float* y, int64_t n);
 
+// The entry formats of a GQA KV cache (model/kv_cache.h holds the rows; cpu/kv_format.h reads and
+// writes them). K is stored in transposed blocks of kKvKeyBlock keys: [head_dim][kKvKeyBlock]
+// entries (q8_0: int8 entries, then a half scale per key and 32 dims, [head_dim / 32][kKvKeyBlock]:
+// each key's dims quantized in groups of 32 as ggml's q8_0). V rows by position: head_dim_v
+// entries (q8_0: ggml block_q8_0 blocks of 32).
+enum class KvType { f32, f16, q8_0 };
+inline constexpr int64_t kKvKeyBlock = 32;
+
+// Decode attention over a range of one kv head's keys (flash attention: the softmax kept online):
+// for each of `rows` query rows r (the softmax scale already applied), over keys j in [first, n)
+// counted from the start of the key block `k`:
+//   s_j = q_r . K_j;  m' = max(m_r, max_j s_j);  l_r = l_r exp(m_r - m') + sum_j exp(s_j - m');
+//   o_r = o_r exp(m_r - m') + sum_j exp(s_j - m') V_j;  m_r = m'.
+// Keys of a block outside [first, n) are never read into the sums (their entries may hold
+// anything). A caller starts a range at m = -inf, l = 0, o = 0 and merges ranges by their (m, l).
+// rows <= kAttendMaxRows; head_dim_v a multiple of 16 (q8_0: both dims multiples of 32).
+inline constexpr int kAttendMaxRows = 16;
+struct AttendArgs {
+  int rows = 0;
+  int64_t dk = 0, dv = 0;
+  const float* q = nullptr;  // [rows][dk]
+  const uint8_t* k = nullptr;  // the first key block of the range
+  size_t k_block_stride = 0;   // bytes from one key block to the next
+  const uint8_t* v = nullptr;  // the value row of the key block's first key
+  size_t v_row_stride = 0;     // bytes from one value row to the next
+  int64_t first = 0, n = 0;
+  float* m = nullptr;  // [rows]
+  float* l = nullptr;  // [rows]
+  float* o = nullptr;  // [rows][dv]
+};
+using AttendFn = void (*)(const AttendArgs& a);
+
 struct KernelTable {
   CpuIsa isa = CpuIsa::scalar;
   // vec_dot[weight type](n, w, a): one weight row . one activation row in the weight type's
@@ -95,6 +127,8 @@ struct KernelTable {
   ExpSumFn exp_sum = nullptr;  // never null
   SiluMulFn silu_mul = nullptr;  // never null
   HalfToFloatFn half_to_float = nullptr;  // never null
+  // attend[KvType]: decode attention over f16 / q8_0 (and f32) cache entries; never null
+  std::array<AttendFn, 3> attend{};
 
   VecDotFn dot(GgmlType weight) const { return vec_dot[size_t(weight)]; }
   // One tile of y = W a (GemmFn's contract) with the best kernel this table has for the type.
@@ -153,6 +187,11 @@ void sgemm_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, con
                float* C, int64_t ldc, bool accumulate);
 float exp_sum_ref(const float* x, float* y, int64_t n, float max);
 void half_to_float_ref(const uint16_t* x, float* y, int64_t n);
+// Decode attention (AttendFn) per entry format: the scalar reference, and attend_avx2.cpp's
+// kernels (compiled once with the AVX2 flags and once with AVX-512's: attend_avx512.cpp).
+void add_attend_ref(AttendFn* attend);
+void add_attend_avx2(AttendFn* attend);
+void add_attend_avx512(AttendFn* attend);
 void half_to_float_avx2(const uint16_t* x, float* y, int64_t n);
 void half_to_float_avx512(const uint16_t* x, float* y, int64_t n);
 float exp_sum_avx2(const float* x, float* y, int64_t n, float max);

@@ -125,11 +125,13 @@ const std::vector<KeySpec>& key_specs() {
          c.load = v == "ram" ? MappedFile::Mode::ram : v == "mmap" ? MappedFile::Mode::mmap : MappedFile::Mode::automatic;
          return std::nullopt;
        }},
-      {"model", "kv_type", "KV cache entries: f16 (half the memory and bytes per token) or f32",
+      {"model", "kv_type",
+       "KV cache entries: f16 (default: half the memory and bytes per token of f32), q8_0 (about half of f16's; "
+       "heads of dims that are multiples of 32, else f16) or f32",
        [](const toml::node& n, Config& c) -> std::optional<std::string> {
          std::string v;
-         if (auto e = read_choice(n, {"f16", "f32"}, v)) return e;
-         c.kv_type = v == "f32" ? KvType::f32 : KvType::f16;
+         if (auto e = read_choice(n, {"f16", "q8_0", "f32"}, v)) return e;
+         c.kv_type = v == "f32" ? KvType::f32 : v == "q8_0" ? KvType::q8_0 : KvType::f16;
          return std::nullopt;
        }},
       {"budgets", "ram", "host memory for weights, KV cache and expert cache (a size, or \"auto\")",

@@ -308,8 +308,10 @@ void CudaBackend::attention_gqa(const AttentionParams& p, KvCache& cache, int la
   const uint8_t* sinks = p.sinks != nullptr ? device_weight(Weight::f32(p.sinks, p.n_head)) : nullptr;
   auto* dq = scratch(0, q_bytes);
   auto* dout = scratch(1, o_bytes);
-  KvMirror* m = p.head_dim_v <= kMaxHeadDimV && cache.k_heads == p.n_head_kv ? kv_mirror(cache, layer, pos0, kv_len)
-                                                                             : nullptr;
+  // (q8_0 caches: no device kernel reads them yet; the host's attention does)
+  KvMirror* m = p.head_dim_v <= kMaxHeadDimV && cache.k_heads == p.n_head_kv && cache.type != KvType::q8_0
+                    ? kv_mirror(cache, layer, pos0, kv_len)
+                    : nullptr;
   bool ok = m != nullptr && dq != nullptr && dout != nullptr && (p.sinks == nullptr || sinks != nullptr) &&
             to_device(dq, q, q_bytes);
   if (ok) {

@@ -122,7 +122,8 @@ void init_cache(const Model& m, int n_ctx, KvCache& cache, KvType type) {
   } else {
     // qwen3moe, qwen2moe, llama, gpt-oss: every position of every layer, sliding-window layers
     // included (attention_gqa skips the rows outside the window)
-    cache.init_key_blocks(hp.n_layer, n_ctx, hp.n_head_kv, hp.head_dim_k, hp.n_head_kv * hp.head_dim_v, type);
+    cache.init_key_blocks(hp.n_layer, n_ctx, hp.n_head_kv, hp.head_dim_k, hp.n_head_kv * hp.head_dim_v,
+                          gqa_cache_type(hp, type));
   }
 }
 

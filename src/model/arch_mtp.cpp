@@ -62,7 +62,8 @@ void init_mtp_cache(const Model& m, int n_ctx, KvCache& cache, KvType type) {
   if (hp.arch == Arch::deepseek2)
     cache.init(n, n_ctx, hp.kv_lora_rank + hp.qk_rope, 0, m.mtp->il);
   else
-    cache.init_key_blocks(n, n_ctx, hp.n_head_kv, hp.head_dim_k, hp.n_head_kv * hp.head_dim_v, type, m.mtp->il);
+    cache.init_key_blocks(n, n_ctx, hp.n_head_kv, hp.head_dim_k, hp.n_head_kv * hp.head_dim_v, gqa_cache_type(hp, type),
+                          m.mtp->il);
 }
 
 }  // namespace strata

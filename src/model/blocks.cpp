@@ -13,6 +13,7 @@
 #include "base/profiler.h"
 #include "cpu/fp16.h"
 #include "cpu/kernels.h"
+#include "cpu/kv_format.h"
 #include "cpu/quant_traits.h"
 #include "cpu/thread_pool.h"
 
@@ -526,9 +527,121 @@ std::vector<int32_t> experts_by_rank(std::span<const int32_t> ids, int64_t n_tok
   return out;
 }
 
+namespace {
+
+// Decode and verification batches (up to kBatchInvariantTokens tokens) over f16 / q8_0 caches:
+// each token's keys split into chunks of whole key blocks, one task per (token, kv head, chunk),
+// each the cpu attend kernel over its keys for the group's query rows (the online softmax: a
+// running max, sum and unnormalised output per row); the last task of a (token, kv head) to finish
+// merges its chunks. Both threads work on one head's keys, the cache is read once per token at
+// the memory's pace, and a token's chunks depend on its position alone, so a token's result is the
+// same in any batch.
+void attention_decode(const AttentionParams& p, KvCache& cache, int layer, const float* q, int64_t n_tok,
+                      int64_t pos0, float* out) {
+  const int group = p.n_head / p.n_head_kv;
+  const int64_t HKV = p.n_head_kv, DK = p.head_dim_k, DV = p.head_dim_v, kb = KvCache::kKeyBlock;
+  struct Token {
+    int64_t first, lo, hi, chunk, n_chunks, task0;
+  };
+  // the caller's buffers (named through references: a thread_local named inside the tasks would be
+  // each worker's own)
+  thread_local std::vector<Token> tl_toks;
+  thread_local std::vector<float> tl_qs, tl_ml, tl_o;
+  std::vector<Token>& toks = tl_toks;
+  std::vector<float>& qs = tl_qs;
+  std::vector<float>& ml = tl_ml;
+  std::vector<float>& o = tl_o;
+  toks.resize(size_t(n_tok));
+  int64_t n_tasks = 0;
+  for (int64_t t = 0; t < n_tok; ++t) {
+    Token& k = toks[size_t(t)];
+    const int64_t pos = pos0 + t;
+    k.first = p.n_swa > 0 ? std::max<int64_t>(0, pos - p.n_swa + 1) : 0;
+    k.lo = k.first / kb * kb;
+    k.hi = pos + 1;
+    // at least 8 key blocks a chunk, at most 16 chunks a head
+    const int64_t nk = k.hi - k.lo;
+    k.chunk = std::max<int64_t>(8 * kb, ((nk + 15) / 16 + kb - 1) / kb * kb);
+    k.n_chunks = (nk + k.chunk - 1) / k.chunk;
+    k.task0 = n_tasks;
+    n_tasks += k.n_chunks * HKV;
+  }
+  qs.resize(size_t(n_tok * p.n_head * DK));
+  for (size_t i = 0; i < qs.size(); ++i) qs[i] = q[i] * p.scale;
+  ml.resize(size_t(n_tasks * group * 2));
+  o.resize(size_t(n_tasks * group * DV));
+  std::unique_ptr<std::atomic<int64_t>[]> left(new std::atomic<int64_t>[size_t(n_tok * HKV)]);
+  for (int64_t t = 0; t < n_tok; ++t)
+    for (int64_t hk = 0; hk < HKV; ++hk) left[size_t(t * HKV + hk)].store(toks[size_t(t)].n_chunks);
+  const cpu::AttendFn attend = cpu::cpu_kernels().attend[size_t(cache.type)];
+  auto merge = [&](int64_t t, int64_t hk) {
+    const Token& k = toks[size_t(t)];
+    for (int g = 0; g < group; ++g) {
+      const int64_t head = hk * group + g;
+      float mx = p.sinks ? p.sinks[head] : -INFINITY;
+      for (int64_t c = 0; c < k.n_chunks; ++c)
+        mx = std::max(mx, ml[size_t(((k.task0 + hk * k.n_chunks + c) * group + g) * 2)]);
+      float* dst = out + (t * p.n_head + head) * DV;
+      std::fill(dst, dst + DV, 0.0f);
+      float sum = p.sinks ? std::exp(p.sinks[head] - mx) : 0.0f;
+      for (int64_t c = 0; c < k.n_chunks; ++c) {
+        const int64_t task = k.task0 + hk * k.n_chunks + c;
+        const float m = ml[size_t((task * group + g) * 2)], l = ml[size_t((task * group + g) * 2 + 1)];
+        if (m == -INFINITY) continue;
+        const float w = std::exp(m - mx);
+        sum += l * w;
+        const float* src = &o[size_t((task * group + g) * DV)];
+        for (int64_t i = 0; i < DV; ++i) dst[i] += w * src[i];
+      }
+      const float inv = 1.0f / sum;
+      for (int64_t i = 0; i < DV; ++i) dst[i] *= inv;
+    }
+  };
+  cpu::compute_pool().run(n_tasks, [&](int64_t task, int) {
+    int64_t t = 0;
+    while (t + 1 < n_tok && toks[size_t(t + 1)].task0 <= task) ++t;
+    const Token& k = toks[size_t(t)];
+    const int64_t hk = (task - k.task0) / k.n_chunks, c = (task - k.task0) % k.n_chunks;
+    const int64_t j0 = k.lo + c * k.chunk, j1 = std::min(k.hi, j0 + k.chunk);
+    float* m = &ml[size_t(task * group * 2)];
+    thread_local std::vector<float> mv, lv;
+    mv.assign(size_t(group), -INFINITY);
+    lv.assign(size_t(group), 0.0f);
+    float* ot = &o[size_t(task * group * DV)];
+    std::fill(ot, ot + group * DV, 0.0f);
+    cpu::AttendArgs a;
+    a.rows = group;
+    a.dk = DK;
+    a.dv = DV;
+    a.q = &qs[size_t((t * p.n_head + hk * group) * DK)];
+    a.k = cache.k_block_bytes(layer, int(hk), j0 / kb);
+    a.k_block_stride = cache.k_block_stride();
+    a.v = cache.v_row_bytes(layer, int(hk), j0);
+    a.v_row_stride = cache.v_row_stride();
+    a.first = std::max<int64_t>(k.first - j0, 0);
+    a.n = j1 - j0;
+    a.m = mv.data();
+    a.l = lv.data();
+    a.o = ot;
+    attend(a);
+    for (int g = 0; g < group; ++g) {
+      m[g * 2] = mv[size_t(g)];
+      m[g * 2 + 1] = lv[size_t(g)];
+    }
+    if (left[size_t(t * HKV + hk)].fetch_sub(1, std::memory_order_acq_rel) == 1) merge(t, hk);
+  });
+}
+
+}  // namespace
+
 void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const float* q,
                    int64_t n_tok, int64_t pos0, float* out) {
   const int group = p.n_head / p.n_head_kv;
+  if (cache.type != KvType::f32 && n_tok <= cpu::kBatchInvariantTokens && group <= cpu::kAttendMaxRows &&
+      p.head_dim_v % 16 == 0) {
+    attention_decode(p, cache, layer, q, n_tok, pos0, out);
+    return;
+  }
   const int64_t DK = p.head_dim_k, DV = p.head_dim_v;
   // A task: one kv head and a block of query tokens; its queries are the `group` heads that share
   // the kv head, for every token of the block: rows (token, head in group). Two float GEMMs:
@@ -541,7 +654,6 @@ void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const fl
   const int64_t kTokBlock = n_tok <= cpu::kBatchInvariantTokens ? 1 : 16;
   const int64_t n_blocks = (n_tok + kTokBlock - 1) / kTokBlock;
   const cpu::SgemmFn sgemm = cpu::cpu_kernels().sgemm;
-  const cpu::HalfToFloatFn half_to_float = cpu::cpu_kernels().half_to_float;
   cpu::compute_pool().run(n_blocks * p.n_head_kv, [&](int64_t task, int) {
     const int hk = int(task % p.n_head_kv);
     const int64_t t0 = (task / p.n_head_kv) * kTokBlock, t1 = std::min(n_tok, t0 + kTokBlock);
@@ -556,7 +668,7 @@ void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const fl
     qb.resize(size_t(rows * DK));
     score.resize(size_t(rows * nk));
     ob.resize(size_t(rows * DV));
-    const bool half = cache.type == KvType::f16;
+    const bool half = cache.type != KvType::f32;  // entries widened to float a block at a time
     if (half) kv32.resize(size_t(std::max(DK, DV) * kb));
     // the softmax scale is applied to q once (DK products per row instead of one per key)
     for (int64_t t = t0; t < t1; ++t)
@@ -566,11 +678,11 @@ void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const fl
         for (int64_t d = 0; d < DK; ++d) dst[d] = src[d] * p.scale;
       }
     // K is stored transposed in blocks of kKeyBlock keys (KvCache::k_block): one GEMM per block
-    // (a half cache: each block widened to float in L1 first, the same GEMM then)
+    // (f16 / q8_0 entries: each block widened to float in L1 first, the same GEMM then)
     for (int64_t j = j_lo; j < j_hi; j += kb) {
       const int64_t w = std::min(kb, j_hi - j);
       const float* kblk = half ? kv32.data() : cache.k_block(layer, hk, j / kb);
-      if (half) half_to_float(cache.k_block16(layer, hk, j / kb), kv32.data(), DK * kb);
+      if (half) cpu::kv_widen_keys(cache.type, cache.k_block_bytes(layer, hk, j / kb), DK, kv32.data());
       sgemm(rows, w, DK, qb.data(), DK, kblk, kb, &score[size_t(j - j_lo)], nk, false);
     }
     for (int64_t t = t0; t < t1; ++t) {
@@ -590,7 +702,7 @@ void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const fl
     } else {
       for (int64_t j = j_lo; j < j_hi; j += kb) {  // V in key blocks, widened, accumulated
         const int64_t w = std::min(kb, j_hi - j);
-        half_to_float(cache.v_head16(layer, hk) + j * DV, kv32.data(), w * DV);
+        cpu::kv_widen_values(cache.type, cache.v_row_bytes(layer, hk, j), cache.v_row_stride(), w, DV, kv32.data());
         // 32-column panels: the block is in L1, and the 8-row kernel does twice the work per load
         // of the 128-column one
         for (int64_t c = 0; c < DV; c += 32)
@@ -662,19 +774,9 @@ void gqa_attention(const Backend& be, const HParams& hp, const LayerWeights& l,
       const int64_t t = t0 + i, pos = seq.pos0 + i, kb = KvCache::kKeyBlock;
       const float* kt = &k[size_t(t * HKV * DK)];
       const float* vt = &v[size_t(t * HKV * DV)];
-      if (cache.type == KvType::f16) {
-        for (int64_t hk = 0; hk < HKV; ++hk) {
-          uint16_t* blk = cache.k_block16(il, int(hk), pos / kb) + pos % kb;
-          for (int64_t d = 0; d < DK; ++d) blk[d * kb] = f32_to_fp16(kt[hk * DK + d]);
-          uint16_t* vrow = cache.v_head16(il, int(hk)) + pos * DV;
-          for (int64_t d = 0; d < DV; ++d) vrow[d] = f32_to_fp16(vt[hk * DV + d]);
-        }
-      } else {
-        for (int64_t hk = 0; hk < HKV; ++hk) {
-          float* blk = cache.k_block(il, int(hk), pos / kb) + pos % kb;
-          for (int64_t d = 0; d < DK; ++d) blk[d * kb] = kt[hk * DK + d];
-          std::copy_n(vt + hk * DV, DV, cache.v_head(il, int(hk)) + pos * DV);
-        }
+      for (int64_t hk = 0; hk < HKV; ++hk) {
+        cpu::kv_store_key(cache.type, kt + hk * DK, DK, cache.k_block_bytes(il, int(hk), pos / kb), pos % kb);
+        cpu::kv_store_value(cache.type, vt + hk * DV, DV, cache.v_row_bytes(il, int(hk), pos));
       }
     }
     t0 += seq.n_tok;

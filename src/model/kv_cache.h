@@ -1,7 +1,7 @@
 // Per-layer attention cache. Positions are appended in order; rows never move. GQA caches hold
-// float or IEEE half entries (KvType; half by default on the quantized path, as llama.cpp's
-// default cache: half the memory and half the bytes each decoded token reads); MLA's latent rows
-// are float.
+// float, IEEE half or q8_0 entries (cpu::KvType, layouts in cpu/kernels.h; half by default on the
+// quantized path, as llama.cpp's default cache: half the memory and half the bytes each decoded
+// token reads; q8_0 about half of that again); MLA's latent rows are float.
 //
 // K has two layouts. By position (k_row): [n_ctx][k_width], for MLA's latent rows. Transposed in
 // blocks of kKeyBlock positions (GQA caches, k_heads > 0): [k_heads][n_ctx / kKeyBlock][head_dim]
@@ -16,10 +16,12 @@
 #include <vector>
 
 #include "base/error.h"
+#include "cpu/kernels.h"
+#include "cpu/kv_format.h"
 
 namespace strata {
 
-enum class KvType { f32, f16 };
+using KvType = cpu::KvType;
 
 struct KvCache {
   KvCache() = default;
@@ -39,6 +41,7 @@ struct KvCache {
   std::vector<std::vector<float>> k;  // [layer][n_ctx][k_width] (f32)
   std::vector<std::vector<float>> v;  // [layer][k_heads][n_ctx][v_width / k_heads] (GQA only, f32)
   std::vector<std::vector<uint16_t>> k16, v16;  // the same layouts in half (GQA, KvType::f16)
+  std::vector<std::vector<uint8_t>> kq, vq;      // the same layouts in q8_0 (GQA, KvType::q8_0)
 
   // deepseek4's compressed attention, per layer (ratio 0: unused). A compressor keeps the (a, s)
   // rows of the tokens its next block pools in a ring (token p in slot p mod slots: 2 x ratio
@@ -73,7 +76,7 @@ struct KvCache {
       v[size_t(il)].resize(size_t(ctx) * size_t(vw));
     }
   }
-  static constexpr int kKeyBlock = 32;
+  static constexpr int kKeyBlock = int(cpu::kKvKeyBlock);
   // K stored in transposed key blocks, GQA: n_head_kv heads of head_dim floats per position.
   void init_key_blocks(int n_layer, int ctx, int n_head_kv, int head_dim, int vw, KvType t = KvType::f32,
                        int first = 0) {
@@ -89,7 +92,19 @@ struct KvCache {
     v.clear();
     k16.clear();
     v16.clear();
-    if (t == KvType::f16) {
+    kq.clear();
+    vq.clear();
+    if (t == KvType::q8_0) {
+      const int64_t dv = vw / n_head_kv;
+      const size_t kbytes = size_t(n_head_kv) * (size_t(padded) / kKeyBlock) * cpu::kv_key_block_bytes(t, head_dim);
+      const size_t vbytes = size_t(n_head_kv) * size_t(ctx) * cpu::kv_value_row_bytes(t, dv);
+      kq.resize(size_t(n_layer));
+      vq.resize(size_t(n_layer));
+      for (int il = first; il < n_layer; ++il) {
+        kq[size_t(il)].resize(kbytes);
+        vq[size_t(il)].resize(vbytes);
+      }
+    } else if (t == KvType::f16) {
       k16.resize(size_t(n_layer));
       v16.resize(size_t(n_layer));
       for (int il = first; il < n_layer; ++il) {
@@ -105,14 +120,42 @@ struct KvCache {
       }
     }
   }
+  uint8_t* layer_k(int layer) {
+    const size_t L = size_t(layer);
+    return type == KvType::q8_0 ? kq[L].data()
+           : type == KvType::f16 ? reinterpret_cast<uint8_t*>(k16[L].data())
+                                 : reinterpret_cast<uint8_t*>(k[L].data());
+  }
+  uint8_t* layer_v(int layer) {
+    const size_t L = size_t(layer);
+    return type == KvType::q8_0 ? vq[L].data()
+           : type == KvType::f16 ? reinterpret_cast<uint8_t*>(v16[L].data())
+                                 : reinterpret_cast<uint8_t*>(v[L].data());
+  }
   static uint64_t next_uid() {
     static std::atomic<uint64_t> n{0};
     return ++n;
   }
   // Bytes of cache per position, all layers.
   size_t bytes_per_position() const {
+    if (type == KvType::q8_0) {
+      const int64_t dk = k_width / k_heads, dv = v_width / k_heads;
+      return kq.size() * size_t(k_heads) *
+             (cpu::kv_key_block_bytes(type, dk) / size_t(kKeyBlock) + cpu::kv_value_row_bytes(type, dv));
+    }
     const size_t layers = type == KvType::f16 ? k16.size() : k.size();
     return layers * size_t(k_width + v_width) * (type == KvType::f16 ? 2 : 4);
+  }
+  // Any entry type (GQA caches): key block `block` of head `head` as bytes, and the bytes from
+  // one key block to the next; value row `pos` of head `head`, and the bytes between rows.
+  size_t k_block_stride() const { return cpu::kv_key_block_bytes(type, k_width / k_heads); }
+  size_t v_row_stride() const { return cpu::kv_value_row_bytes(type, v_width / k_heads); }
+  uint8_t* k_block_bytes(int layer, int head, int64_t block) {
+    const size_t n_blocks = (size_t(n_ctx) + kKeyBlock - 1) / kKeyBlock;
+    return layer_k(layer) + (size_t(head) * n_blocks + size_t(block)) * k_block_stride();
+  }
+  uint8_t* v_row_bytes(int layer, int head, int64_t pos) {
+    return layer_v(layer) + (size_t(head) * size_t(n_ctx) + size_t(pos)) * v_row_stride();
   }
   float* k_row(int layer, int64_t pos) { return k[size_t(layer)].data() + size_t(pos) * size_t(k_width); }
   // The key block holding positions [block * kKeyBlock, +kKeyBlock) of head `head`:

@@ -716,6 +716,10 @@ void load_mtp(TensorGetter& g, Model& m) {
 
 Result<HParams> hparams_from_gguf(const GgufFile& f) { return read_hparams(f); }
 
+KvType gqa_cache_type(const HParams& hp, KvType requested) {
+  return cpu::kv_type_fits(requested, hp.head_dim_k, hp.head_dim_v) ? requested : KvType::f16;
+}
+
 uint64_t kv_bytes_per_token(const HParams& hp, KvType type) {
   // as the KV cache stores them: MLA keeps the latent row and the rope key (float); GQA k and v
   if (hp.arch == Arch::deepseek2) return uint64_t(hp.kv_lora_rank + hp.qk_rope) * sizeof(float) * uint64_t(hp.n_layer);
@@ -743,8 +747,10 @@ uint64_t kv_bytes_per_token(const HParams& hp, KvType type) {
     }
     return uint64_t(std::ceil(floats * sizeof(float)));
   }
-  const uint64_t entry = type == KvType::f16 ? 2 : 4;
-  return uint64_t(hp.n_head_kv) * uint64_t(hp.head_dim_k + hp.head_dim_v) * entry * uint64_t(hp.n_layer);
+  const KvType t = gqa_cache_type(hp, type);
+  const uint64_t per_head = cpu::kv_key_block_bytes(t, hp.head_dim_k) / uint64_t(cpu::kKvKeyBlock) +
+                            cpu::kv_value_row_bytes(t, hp.head_dim_v);
+  return uint64_t(hp.n_head_kv) * per_head * uint64_t(hp.n_layer);
 }
 
 Model::Model() = default;

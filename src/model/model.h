@@ -232,6 +232,9 @@ Result<HParams> hparams_from_gguf(const GgufFile& f);
 // Bytes the KV cache holds per position of context, all layers, with `type` entries for GQA
 // caches (MLA's are float).
 uint64_t kv_bytes_per_token(const HParams& hp, KvType type);
+// The entries a GQA cache of `requested` entries gets: requested where the heads fit it (q8_0:
+// dims that are multiples of 32), else f16.
+KvType gqa_cache_type(const HParams& hp, KvType requested);
 
 // The vector of an F32 weight (norms, biases).
 inline const float* f32(const Weight& w) { return reinterpret_cast<const float*>(w.data); }

@@ -1,0 +1,181 @@
+// Decode attention kernels (kernels.h AttendFn) in 256-bit vectors, for each KV entry format:
+// attend_avx2.cpp compiles them with the AVX2 flags, ../avx512/attend_avx512.cpp with AVX-512's
+// (the same code, with 32 vector registers and EVEX encodings available to the compiler). In an
+// unnamed namespace, as simd_common.h, so each translation unit keeps its own copy.
+//
+// Per key block of 32 keys: the scores of up to 4 query rows by 16 keys at a time (8 accumulators:
+// each widened key vector feeds 4 rows), read straight from the cache entries (f16: F16C; q8_0:
+// sign-extended int8 times each key's group scale); the block's softmax step; then the output
+// tiles of 4 rows by 16 value columns accumulated over the block's keys, value rows widened as
+// they are read. Nothing is widened into memory, and the block's scores ([rows][32]) stay in L1.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "cpu/avx2/simd_common.h"
+#include "cpu/kernels.h"
+#include "cpu/quant_blocks.h"
+
+namespace strata::cpu {
+namespace {
+
+constexpr int64_t kAttendBlock = kKvKeyBlock;
+
+// 8 consecutive entries at p as floats (q8_0: the int8 values, unscaled)
+template <KvType T>
+inline __m256 load8(const uint8_t* p) {
+  if constexpr (T == KvType::f32) return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  else if constexpr (T == KvType::f16) return _mm256_cvtph_ps(load16(p));
+  else return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+template <KvType T>
+constexpr size_t entry_bytes() {
+  return T == KvType::f32 ? 4 : T == KvType::f16 ? 2 : 1;
+}
+
+// s[r][c .. c + 16) = q_r . K_j for the R rows of q ([R][dk]) and keys c .. c + 15 of the block.
+template <KvType T, int R>
+void scores_tile(const float* q, int64_t dk, const uint8_t* blk, int64_t c, float* s) {
+  constexpr size_t es = entry_bytes<T>();
+  __m256 a0[R], a1[R];
+  for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
+  auto step = [&](int64_t d, __m256 k0, __m256 k1) {
+    for (int r = 0; r < R; ++r) {
+      const __m256 b = _mm256_broadcast_ss(q + r * dk + d);
+      a0[r] = _mm256_fmadd_ps(b, k0, a0[r]);
+      a1[r] = _mm256_fmadd_ps(b, k1, a1[r]);
+    }
+  };
+  if constexpr (T == KvType::q8_0) {
+    const uint8_t* scales = blk + dk * kAttendBlock;  // halves [dk / 32][32]
+    for (int64_t g = 0; g < dk / 32; ++g) {
+      const uint8_t* sg = scales + size_t(g * kAttendBlock + c) * 2;
+      const __m256 sc0 = _mm256_cvtph_ps(load16(sg)), sc1 = _mm256_cvtph_ps(load16(sg + 16));
+      for (int64_t d = g * 32; d < g * 32 + 32; ++d) {
+        const uint8_t* row = blk + size_t(d * kAttendBlock + c);
+        step(d, _mm256_mul_ps(load8<T>(row), sc0), _mm256_mul_ps(load8<T>(row + 8), sc1));
+      }
+    }
+  } else {
+    for (int64_t d = 0; d < dk; ++d) {
+      const uint8_t* row = blk + size_t(d * kAttendBlock + c) * es;
+      step(d, load8<T>(row), load8<T>(row + 8 * es));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(s + r * kAttendBlock + c, a0[r]);
+    _mm256_storeu_ps(s + r * kAttendBlock + c + 8, a1[r]);
+  }
+}
+
+// o[r][c0 .. c0 + 16) += sum over keys j in [lo, hi) of p[r][j] V_j: R rows, value rows of the
+// block's keys at v (row_stride bytes apart).
+template <KvType T, int R>
+void values_tile(const float* p, int64_t lo, int64_t hi, const uint8_t* v, size_t row_stride, int64_t c0, float* o,
+                 int64_t dv) {
+  __m256 a0[R], a1[R];
+  for (int r = 0; r < R; ++r) {
+    a0[r] = _mm256_loadu_ps(o + r * dv + c0);
+    a1[r] = _mm256_loadu_ps(o + r * dv + c0 + 8);
+  }
+  for (int64_t j = lo; j < hi; ++j) {
+    const uint8_t* row = v + size_t(j) * row_stride;
+    __m256 v0, v1;
+    if constexpr (T == KvType::q8_0) {
+      const auto* b = reinterpret_cast<const block_q8_0*>(row) + c0 / 32;
+      const __m256 d = _mm256_set1_ps(half_to_float(b->d));
+      const uint8_t* qs = reinterpret_cast<const uint8_t*>(b->qs) + c0 % 32;
+      v0 = _mm256_mul_ps(load8<T>(qs), d);
+      v1 = _mm256_mul_ps(load8<T>(qs + 8), d);
+    } else {
+      constexpr size_t es = entry_bytes<T>();
+      v0 = load8<T>(row + size_t(c0) * es);
+      v1 = load8<T>(row + size_t(c0 + 8) * es);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256 b = _mm256_broadcast_ss(p + r * kAttendBlock + j);
+      a0[r] = _mm256_fmadd_ps(b, v0, a0[r]);
+      a1[r] = _mm256_fmadd_ps(b, v1, a1[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(o + r * dv + c0, a0[r]);
+    _mm256_storeu_ps(o + r * dv + c0 + 8, a1[r]);
+  }
+}
+
+template <KvType T, int R>
+void rows_block(const AttendArgs& a, int r0, const uint8_t* blk, const uint8_t* v, int64_t lo, int64_t hi, float* s) {
+  for (int64_t c = 0; c < kAttendBlock; c += 16) scores_tile<T, R>(a.q + r0 * a.dk, a.dk, blk, c, s + r0 * kAttendBlock);
+  // the block's softmax step for each row: keys outside [lo, hi) weigh 0
+  for (int r = r0; r < r0 + R; ++r) {
+    float* sr = s + r * kAttendBlock;
+    std::fill(sr, sr + lo, -INFINITY);
+    std::fill(sr + hi, sr + kAttendBlock, -INFINITY);
+    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_loadu_ps(sr), _mm256_loadu_ps(sr + 8)),
+                              _mm256_max_ps(_mm256_loadu_ps(sr + 16), _mm256_loadu_ps(sr + 24)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float m_new = std::max(a.m[r], _mm_cvtss_f32(m4));
+    const float corr = a.m[r] == -INFINITY ? 0.0f : std::exp(a.m[r] - m_new);
+    const __m256 mm = _mm256_set1_ps(m_new);
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < kAttendBlock; j += 8) {
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mm));
+      _mm256_storeu_ps(sr + j, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    a.l[r] = a.l[r] * corr + hsum(sum);
+    a.m[r] = m_new;
+    if (corr != 1.0f) {
+      const __m256 cv = _mm256_set1_ps(corr);
+      float* o = a.o + r * a.dv;
+      for (int64_t i = 0; i < a.dv; i += 8) _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(o + i), cv));
+    }
+  }
+  for (int64_t c0 = 0; c0 < a.dv; c0 += 16)
+    values_tile<T, R>(s + r0 * kAttendBlock, lo, hi, v, a.v_row_stride, c0, a.o + r0 * a.dv, a.dv);
+}
+
+template <KvType T>
+void attend_simd(const AttendArgs& a) {
+  alignas(32) float s[kAttendMaxRows * kAttendBlock];
+  for (int64_t j0 = 0; j0 < a.n; j0 += kAttendBlock) {
+    const int64_t lo = std::max<int64_t>(a.first - j0, 0), hi = std::min<int64_t>(a.n - j0, kAttendBlock);
+    if (lo >= hi) continue;
+    const uint8_t* blk = a.k + size_t(j0 / kAttendBlock) * a.k_block_stride;
+    const uint8_t* v = a.v + size_t(j0) * a.v_row_stride;
+    if (j0 + kAttendBlock < a.n) {
+      // the next block's keys and values on their way to L1 while this one computes: the value
+      // tiles walk rows 16 columns at a time (a stride the hardware prefetchers miss)
+      const uint8_t* nk = blk + a.k_block_stride;
+      for (size_t off = 0; off < a.k_block_stride; off += 64) _mm_prefetch(reinterpret_cast<const char*>(nk + off), _MM_HINT_T0);
+      const uint8_t* nv = v + kAttendBlock * a.v_row_stride;
+      const int64_t rows = std::min<int64_t>(kAttendBlock, a.n - j0 - kAttendBlock);
+      for (size_t off = 0; off < size_t(rows) * a.v_row_stride; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(nv + off), _MM_HINT_T0);
+    }
+    for (int r0 = 0; r0 < a.rows; r0 += 4) {
+      switch (std::min(4, a.rows - r0)) {
+        case 1: rows_block<T, 1>(a, r0, blk, v, lo, hi, s); break;
+        case 2: rows_block<T, 2>(a, r0, blk, v, lo, hi, s); break;
+        case 3: rows_block<T, 3>(a, r0, blk, v, lo, hi, s); break;
+        default: rows_block<T, 4>(a, r0, blk, v, lo, hi, s); break;
+      }
+    }
+  }
+}
+
+void add_attend_simd(AttendFn* attend) {
+  attend[size_t(KvType::f32)] = attend_simd<KvType::f32>;
+  attend[size_t(KvType::f16)] = attend_simd<KvType::f16>;
+  attend[size_t(KvType::q8_0)] = attend_simd<KvType::q8_0>;
+}
+
+}  // namespace
+}  // namespace strata::cpu

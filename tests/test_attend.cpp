@@ -1,0 +1,170 @@
+// The decode attention kernels (cpu/kernels.h AttendFn) of every supported ISA and KV entry
+// format against a double-precision softmax over the same entries widened (cpu/kv_format.h), on
+// fresh random data: several row counts, head dims, ranges that start and end inside a key block,
+// and ranges merged by their (max, sum) as the model's decode attention does. Tolerance: 2e-5
+// relative to the output's largest magnitude (float sums over up to 300 keys; the reference's
+// exponentials are exact, the kernels' a few ulps off).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "cpu/kernels.h"
+#include "cpu/kv_format.h"
+#include "kernel_test_random.h"
+
+namespace strata {
+namespace {
+
+using cpu::KvType;
+
+struct Case {
+  int rows;
+  int64_t dk, dv, n, first;
+};
+
+// Keys and values of n positions in the cache layout of type t (blocks of 32 keys, value rows).
+struct Entries {
+  std::vector<uint8_t> k, v;
+  size_t k_stride, v_stride;
+  Entries(KvType t, int64_t dk, int64_t dv, int64_t n, Rng& rng)
+      : k_stride(cpu::kv_key_block_bytes(t, dk)), v_stride(cpu::kv_value_row_bytes(t, dv)) {
+    const int64_t blocks = (n + cpu::kKvKeyBlock - 1) / cpu::kKvKeyBlock;
+    k.assign(size_t(blocks) * k_stride, 0xFF);  // unwritten slots of the last block: garbage (NaN halves)
+    v.assign(size_t(blocks * cpu::kKvKeyBlock) * v_stride, 0xFF);
+    std::vector<float> x(size_t(std::max(dk, dv)));
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t d = 0; d < dk; ++d) x[size_t(d)] = rng.normal();
+      cpu::kv_store_key(t, x.data(), dk, k.data() + size_t(j / cpu::kKvKeyBlock) * k_stride, j % cpu::kKvKeyBlock);
+      for (int64_t d = 0; d < dv; ++d) x[size_t(d)] = rng.normal();
+      cpu::kv_store_value(t, x.data(), dv, v.data() + size_t(j) * v_stride);
+    }
+  }
+};
+
+// o[rows][dv]: softmax(q K^T) V over keys [first, n), in double, from the widened entries
+std::vector<double> reference(KvType t, const Entries& e, const std::vector<float>& q, const Case& c) {
+  const int64_t kb = cpu::kKvKeyBlock;
+  std::vector<float> kf(size_t(c.dk * kb)), vf(size_t(c.dv));
+  std::vector<double> s(size_t(c.rows * c.n)), o(size_t(c.rows * c.dv), 0.0);
+  for (int64_t j = c.first; j < c.n; ++j) {
+    cpu::kv_widen_keys(t, e.k.data() + size_t(j / kb) * e.k_stride, c.dk, kf.data());
+    for (int r = 0; r < c.rows; ++r) {
+      double acc = 0;
+      for (int64_t d = 0; d < c.dk; ++d) acc += double(q[size_t(r * c.dk + d)]) * kf[size_t(d * kb + j % kb)];
+      s[size_t(r * c.n + j)] = acc;
+    }
+  }
+  for (int r = 0; r < c.rows; ++r) {
+    double mx = -INFINITY, sum = 0;
+    for (int64_t j = c.first; j < c.n; ++j) mx = std::max(mx, s[size_t(r * c.n + j)]);
+    for (int64_t j = c.first; j < c.n; ++j) sum += std::exp(s[size_t(r * c.n + j)] - mx);
+    for (int64_t j = c.first; j < c.n; ++j) {
+      cpu::kv_widen_values(t, e.v.data() + size_t(j) * e.v_stride, e.v_stride, 1, c.dv, vf.data());
+      const double w = std::exp(s[size_t(r * c.n + j)] - mx) / sum;
+      for (int64_t i = 0; i < c.dv; ++i) o[size_t(r * c.dv + i)] += w * vf[size_t(i)];
+    }
+  }
+  return o;
+}
+
+// The kernel over [first, n) in ranges of `split` keys (a multiple of 32: whole key blocks),
+// merged by (m, l); normalised output [rows][dv].
+std::vector<float> run(cpu::AttendFn attend, KvType t, const Entries& e, const std::vector<float>& q, const Case& c,
+                       int64_t split) {
+  std::vector<float> out(size_t(c.rows * c.dv), 0.0f), mx(size_t(c.rows), -INFINITY), sum(size_t(c.rows), 0.0f);
+  std::vector<std::vector<float>> ms, ls, os;
+  for (int64_t j0 = 0; j0 < c.n; j0 += split) {
+    std::vector<float> m(size_t(c.rows), -INFINITY), l(size_t(c.rows), 0.0f), o(size_t(c.rows * c.dv), 0.0f);
+    cpu::AttendArgs a;
+    a.rows = c.rows;
+    a.dk = c.dk;
+    a.dv = c.dv;
+    a.q = q.data();
+    a.k = e.k.data() + size_t(j0 / cpu::kKvKeyBlock) * e.k_stride;
+    a.k_block_stride = e.k_stride;
+    a.v = e.v.data() + size_t(j0) * e.v_stride;
+    a.v_row_stride = e.v_stride;
+    a.first = std::max<int64_t>(c.first - j0, 0);
+    a.n = std::min(c.n, j0 + split) - j0;
+    a.m = m.data();
+    a.l = l.data();
+    a.o = o.data();
+    attend(a);
+    for (int r = 0; r < c.rows; ++r) mx[size_t(r)] = std::max(mx[size_t(r)], m[size_t(r)]);
+    ms.push_back(m);
+    ls.push_back(l);
+    os.push_back(o);
+  }
+  (void)t;
+  for (size_t p = 0; p < ms.size(); ++p)
+    for (int r = 0; r < c.rows; ++r) {
+      if (ms[p][size_t(r)] == -INFINITY) continue;
+      const float w = std::exp(ms[p][size_t(r)] - mx[size_t(r)]);
+      sum[size_t(r)] += w * ls[p][size_t(r)];
+      for (int64_t i = 0; i < c.dv; ++i) out[size_t(r * c.dv + i)] += w * os[p][size_t(r * c.dv + i)];
+    }
+  for (int r = 0; r < c.rows; ++r)
+    for (int64_t i = 0; i < c.dv; ++i) out[size_t(r * c.dv + i)] /= sum[size_t(r)];
+  return out;
+}
+
+TEST(AttendKernels, MatchDoubleSoftmaxOnEveryFormatAndIsa) {
+  SEED_TRACE();
+  Rng rng(41);
+  const Case cases[] = {{8, 128, 128, 300, 0}, {1, 64, 64, 1, 0},    {4, 128, 64, 33, 0},  {16, 64, 128, 96, 0},
+                        {3, 96, 96, 250, 70},  {8, 128, 128, 64, 31}, {6, 32, 32, 129, 128}, {12, 64, 64, 200, 0}};
+  for (cpu::CpuIsa isa : {cpu::CpuIsa::scalar, cpu::CpuIsa::avx2, cpu::CpuIsa::avx512}) {
+    if (!cpu::isa_supported(isa)) continue;
+    for (KvType t : {KvType::f32, KvType::f16, KvType::q8_0}) {
+      const cpu::AttendFn attend = cpu::cpu_kernels(isa).attend[size_t(t)];
+      ASSERT_NE(attend, nullptr);
+      for (const Case& c : cases) {
+        if (!cpu::kv_type_fits(t, c.dk, c.dv)) continue;
+        SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " " + cpu::kv_type_name(t) + " rows " + std::to_string(c.rows) +
+                     " dk " + std::to_string(c.dk) + " dv " + std::to_string(c.dv) + " keys [" +
+                     std::to_string(c.first) + ", " + std::to_string(c.n) + ")");
+        Entries e(t, c.dk, c.dv, c.n, rng);
+        std::vector<float> q(size_t(c.rows * c.dk));
+        for (float& x : q) x = rng.normal() * 0.3f;
+        const std::vector<double> want = reference(t, e, q, c);
+        double scale = 0;
+        for (double x : want) scale = std::max(scale, std::abs(x));
+        for (int64_t split : {int64_t(1) << 20, int64_t(64)}) {
+          const std::vector<float> got = run(attend, t, e, q, c, split);
+          double worst = 0;
+          for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(double(got[i]) - want[i]));
+          EXPECT_LT(worst, 2e-5 * scale) << "split " << split;
+        }
+      }
+    }
+  }
+}
+
+// q8_0 entries round trip within half a quantization step of their group's scale (and its rounding).
+TEST(KvFormat, Q8KeysAndValuesRoundTrip) {
+  SEED_TRACE();
+  Rng rng(42);
+  const int64_t dk = 64, kb = cpu::kKvKeyBlock;
+  std::vector<uint8_t> blk(cpu::kv_key_block_bytes(KvType::q8_0, dk)), row(cpu::kv_value_row_bytes(KvType::q8_0, dk));
+  std::vector<float> x(static_cast<size_t>(dk)), kf(static_cast<size_t>(dk * kb)), vf(static_cast<size_t>(dk));
+  for (float& v : x) v = rng.normal();
+  cpu::kv_store_key(KvType::q8_0, x.data(), dk, blk.data(), 5);
+  cpu::kv_store_value(KvType::q8_0, x.data(), dk, row.data());
+  cpu::kv_widen_keys(KvType::q8_0, blk.data(), dk, kf.data());
+  cpu::kv_widen_values(KvType::q8_0, row.data(), row.size(), 1, dk, vf.data());
+  for (int64_t g = 0; g < dk / 32; ++g) {
+    float amax = 0;
+    for (int64_t i = 0; i < 32; ++i) amax = std::max(amax, std::abs(x[size_t(g * 32 + i)]));
+    for (int64_t i = g * 32; i < g * 32 + 32; ++i) {
+      // half a step, plus the half-precision scale's rounding (2^-11 relative) times up to 127 steps
+      EXPECT_NEAR(kf[size_t(i * kb + 5)], x[size_t(i)], 0.6f * amax / 127);
+      EXPECT_EQ(kf[size_t(i * kb + 5)], vf[size_t(i)]);  // keys and values quantize alike
+    }
+  }
+  EXPECT_EQ(cpu::kv_key_block_bytes(KvType::q8_0, 128) / size_t(kb), 136u);  // 34 bytes per 32 dims
+  EXPECT_EQ(cpu::kv_value_row_bytes(KvType::q8_0, 128), 136u);
+}
+
+}  // namespace
+}  // namespace strata
