@@ -210,10 +210,27 @@ TEST(Config, BudgetsAgainstTheMachineAndTheModel) {
   const uint64_t kv = 1ull << 30;
   auto config = [](const char* text) { return *parse_config(text, "b.toml"); };
 
-  // automatic budget: nothing to check, load mode as configured
+  // automatic budget: model.load = "auto" reads the file when it, the KV cache and kLoadMargin
+  // fit in the memory available, else maps it (and says so); ram / mmap stay as configured
   auto r = check_budgets(config(""), s, kv, mem, 0);
   ASSERT_TRUE(r);
-  EXPECT_EQ(r->load, MappedFile::Mode::automatic);
+  EXPECT_EQ(r->load, MappedFile::Mode::ram);
+  EXPECT_TRUE(r->notes.empty());
+  // 18.6 GB and 0.4 GB of KV in 23 GiB available (the 24 GiB box): read, where 80% of
+  // the available memory (the old rule) would have mapped it
+  const SystemMemory box{.total = 24ull << 30, .available = 23ull << 30};
+  r = check_budgets(config(""), summary_of(18600000000ull, 17000000000ull), 400000000ull, box, 0);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->load, MappedFile::Mode::ram);
+  // less than the margin left: mapped, with a note
+  r = check_budgets(config(""), summary_of((22ull << 30) + (512ull << 20), 20ull << 30), 256ull << 20, box, 0);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->load, MappedFile::Mode::mmap);
+  ASSERT_EQ(r->notes.size(), 1u);
+  EXPECT_NE(r->notes[0].find("mapped"), std::string::npos) << r->notes[0];
+  r = check_budgets(config("[model]\nload = \"mmap\""), s, kv, mem, 0);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->load, MappedFile::Mode::mmap);
   // the whole model fits: read into RAM
   r = check_budgets(config("[budgets]\nram = \"32GiB\""), s, kv, mem, 0);
   ASSERT_TRUE(r);

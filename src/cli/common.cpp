@@ -14,7 +14,7 @@ void add_common(CLI::App* sub, CommonOptions& o) {
   sub->add_option("--ctx", o.ctx, "context length cap (model.ctx; default: the model's)")->check(CLI::PositiveNumber);
   sub->add_option("--load", o.load,
                   "weights into memory (model.load): ram (read into huge pages: faster decode), mmap (page "
-                  "cache: instant start), auto (default: ram when the file fits in 80% of available memory)")
+                  "cache: instant start), auto (default: ram when the file, the KV cache and 1 GiB fit in the available memory, else mmap)")
       ->check(CLI::IsMember({"auto", "ram", "mmap"}));
 }
 

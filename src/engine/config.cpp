@@ -431,7 +431,20 @@ Result<BudgetCheck> check_budgets(const Config& c, const ModelSummary& s, uint64
   } else {
     // "auto": the memory available now; the NVMe tier takes over only when the model does not fit
     // in it at all (a model that merely crowds the page cache is still read or mapped whole)
-    if (mem.available == 0 || s.n_bytes + kv_bytes <= mem.available || streamable == 0) return out;
+    if (mem.available == 0 || s.n_bytes + kv_bytes <= mem.available || streamable == 0) {
+      // model.load = "auto": read into RAM when the weights, the KV cache and kLoadMargin fit in the
+      // memory available (the first request then pays for no page fault), else map the file
+      if (out.load == MappedFile::Mode::automatic && mem.available > 0) {
+        const bool fits = s.n_bytes + kv_bytes + kLoadMargin <= mem.available;
+        out.load = fits ? MappedFile::Mode::ram : MappedFile::Mode::mmap;
+        if (!fits)
+          out.notes.push_back("model.load = \"auto\": the " + format_size(s.n_bytes) + " of weights and " +
+                              format_size(kv_bytes) + " of KV cache leave less than " + format_size(kLoadMargin) +
+                              " of the " + format_size(mem.available) +
+                              " available: the file is mapped (pages read on first use; the first request pays for them)");
+      }
+      return out;
+    }
     budget = mem.available / 10 * 8;
     if (fixed + kv_bytes + kRamOverhead > budget) return out;  // too little to stream: map it
   }

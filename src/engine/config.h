@@ -145,6 +145,9 @@ struct BudgetCheck {
 // scratch buffers, the tokenizer, thread stacks): the cache gets budgets.ram less the resident
 // weights, the KV cache and this.
 inline constexpr uint64_t kRamOverhead = uint64_t(256) << 20;
+// model.load = "auto" reads the file into RAM when the weights, the KV cache and this much more
+// fit in the memory available now (the rest of the process, the page cache's working set, the OS).
+inline constexpr uint64_t kLoadMargin = uint64_t(1) << 30;
 Result<BudgetCheck> check_budgets(const Config& c, const ModelSummary& s, uint64_t kv_bytes,
                                   const SystemMemory& mem, int n_gpus);
 
