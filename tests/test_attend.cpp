@@ -70,7 +70,7 @@ std::vector<double> reference(KvType t, const Entries& e, const std::vector<floa
 
 // The kernel over [first, n) in ranges of `split` keys (a multiple of 32: whole key blocks),
 // merged by (m, l); normalised output [rows][dv].
-std::vector<float> run(cpu::AttendFn attend, KvType t, const Entries& e, const std::vector<float>& q, const Case& c,
+std::vector<float> run(cpu::AttendFn attend, const Entries& e, const std::vector<float>& q, const Case& c,
                        int64_t split) {
   std::vector<float> out(size_t(c.rows * c.dv), 0.0f), mx(size_t(c.rows), -INFINITY), sum(size_t(c.rows), 0.0f);
   std::vector<std::vector<float>> ms, ls, os;
@@ -96,7 +96,6 @@ std::vector<float> run(cpu::AttendFn attend, KvType t, const Entries& e, const s
     ls.push_back(l);
     os.push_back(o);
   }
-  (void)t;
   for (size_t p = 0; p < ms.size(); ++p)
     for (int r = 0; r < c.rows; ++r) {
       if (ms[p][size_t(r)] == -INFINITY) continue;
@@ -131,7 +130,7 @@ TEST(AttendKernels, MatchDoubleSoftmaxOnEveryFormatAndIsa) {
         double scale = 0;
         for (double x : want) scale = std::max(scale, std::abs(x));
         for (int64_t split : {int64_t(1) << 20, int64_t(64)}) {
-          const std::vector<float> got = run(attend, t, e, q, c, split);
+          const std::vector<float> got = run(attend, e, q, c, split);
           double worst = 0;
           for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(double(got[i]) - want[i]));
           EXPECT_LT(worst, 2e-5 * scale) << "split " << split;

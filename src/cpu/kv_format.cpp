@@ -92,6 +92,10 @@ void kv_widen_keys(KvType t, const uint8_t* block, int64_t dk, float* out) {
 }
 
 void kv_widen_values(KvType t, const uint8_t* rows, size_t row_stride, int64_t n, int64_t dv, float* out) {
+  if (t == KvType::f16 && row_stride == size_t(dv) * 2) {  // contiguous rows: one call
+    cpu_kernels().half_to_float(reinterpret_cast<const uint16_t*>(rows), out, n * dv);
+    return;
+  }
   for (int64_t j = 0; j < n; ++j) {
     const uint8_t* r = rows + size_t(j) * row_stride;
     float* y = out + j * dv;

@@ -546,10 +546,12 @@ void attention_decode(const AttentionParams& p, KvCache& cache, int layer, const
   // the caller's buffers (named through references: a thread_local named inside the tasks would be
   // each worker's own)
   thread_local std::vector<Token> tl_toks;
-  thread_local std::vector<float> tl_qs, tl_ml, tl_o;
+  thread_local std::vector<float> tl_qs, tl_m, tl_l, tl_o;
+  thread_local std::vector<std::atomic<int64_t>> tl_left;
   std::vector<Token>& toks = tl_toks;
   std::vector<float>& qs = tl_qs;
-  std::vector<float>& ml = tl_ml;
+  std::vector<float>& ms = tl_m;  // [task][group]: each chunk's running max, sum and output
+  std::vector<float>& ls = tl_l;
   std::vector<float>& o = tl_o;
   toks.resize(size_t(n_tok));
   int64_t n_tasks = 0;
@@ -568,9 +570,11 @@ void attention_decode(const AttentionParams& p, KvCache& cache, int layer, const
   }
   qs.resize(size_t(n_tok * p.n_head * DK));
   for (size_t i = 0; i < qs.size(); ++i) qs[i] = q[i] * p.scale;
-  ml.resize(size_t(n_tasks * group * 2));
-  o.resize(size_t(n_tasks * group * DV));
-  std::unique_ptr<std::atomic<int64_t>[]> left(new std::atomic<int64_t>[size_t(n_tok * HKV)]);
+  ms.assign(size_t(n_tasks * group), -INFINITY);
+  ls.assign(size_t(n_tasks * group), 0.0f);
+  o.assign(size_t(n_tasks * group * DV), 0.0f);
+  if (tl_left.size() < size_t(n_tok * HKV)) tl_left = std::vector<std::atomic<int64_t>>(size_t(n_tok * HKV));
+  std::vector<std::atomic<int64_t>>& left = tl_left;  // chunks of each (token, kv head) still running
   for (int64_t t = 0; t < n_tok; ++t)
     for (int64_t hk = 0; hk < HKV; ++hk) left[size_t(t * HKV + hk)].store(toks[size_t(t)].n_chunks);
   const cpu::AttendFn attend = cpu::cpu_kernels().attend[size_t(cache.type)];
@@ -580,13 +584,13 @@ void attention_decode(const AttentionParams& p, KvCache& cache, int layer, const
       const int64_t head = hk * group + g;
       float mx = p.sinks ? p.sinks[head] : -INFINITY;
       for (int64_t c = 0; c < k.n_chunks; ++c)
-        mx = std::max(mx, ml[size_t(((k.task0 + hk * k.n_chunks + c) * group + g) * 2)]);
+        mx = std::max(mx, ms[size_t((k.task0 + hk * k.n_chunks + c) * group + g)]);
       float* dst = out + (t * p.n_head + head) * DV;
       std::fill(dst, dst + DV, 0.0f);
       float sum = p.sinks ? std::exp(p.sinks[head] - mx) : 0.0f;
       for (int64_t c = 0; c < k.n_chunks; ++c) {
         const int64_t task = k.task0 + hk * k.n_chunks + c;
-        const float m = ml[size_t((task * group + g) * 2)], l = ml[size_t((task * group + g) * 2 + 1)];
+        const float m = ms[size_t(task * group + g)], l = ls[size_t(task * group + g)];
         if (m == -INFINITY) continue;
         const float w = std::exp(m - mx);
         sum += l * w;
@@ -603,12 +607,6 @@ void attention_decode(const AttentionParams& p, KvCache& cache, int layer, const
     const Token& k = toks[size_t(t)];
     const int64_t hk = (task - k.task0) / k.n_chunks, c = (task - k.task0) % k.n_chunks;
     const int64_t j0 = k.lo + c * k.chunk, j1 = std::min(k.hi, j0 + k.chunk);
-    float* m = &ml[size_t(task * group * 2)];
-    thread_local std::vector<float> mv, lv;
-    mv.assign(size_t(group), -INFINITY);
-    lv.assign(size_t(group), 0.0f);
-    float* ot = &o[size_t(task * group * DV)];
-    std::fill(ot, ot + group * DV, 0.0f);
     cpu::AttendArgs a;
     a.rows = group;
     a.dk = DK;
@@ -620,14 +618,10 @@ void attention_decode(const AttentionParams& p, KvCache& cache, int layer, const
     a.v_row_stride = cache.v_row_stride();
     a.first = std::max<int64_t>(k.first - j0, 0);
     a.n = j1 - j0;
-    a.m = mv.data();
-    a.l = lv.data();
-    a.o = ot;
+    a.m = &ms[size_t(task * group)];
+    a.l = &ls[size_t(task * group)];
+    a.o = &o[size_t(task * group * DV)];
     attend(a);
-    for (int g = 0; g < group; ++g) {
-      m[g * 2] = mv[size_t(g)];
-      m[g * 2 + 1] = lv[size_t(g)];
-    }
     if (left[size_t(t * HKV + hk)].fetch_sub(1, std::memory_order_acq_rel) == 1) merge(t, hk);
   });
 }
