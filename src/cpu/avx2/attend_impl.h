@@ -1,7 +1,6 @@
-// Decode attention kernels (kernels.h AttendFn) in 256-bit vectors, for each KV entry format:
-// attend_avx2.cpp compiles them with the AVX2 flags, ../avx512/attend_avx512.cpp with AVX-512's
-// (the same code, with 32 vector registers and EVEX encodings available to the compiler). In an
-// unnamed namespace, as simd_common.h, so each translation unit keeps its own copy.
+// Decode attention kernels (kernels.h AttendFn) in 256-bit vectors, for each KV entry format,
+// compiled by attend_avx2.cpp with the AVX2 flags (../avx512/attend_avx512.cpp has its own
+// 512-bit kernels: 8 rows a pass in 32 registers). In an unnamed namespace, as simd_common.h.
 //
 // Per key block of 32 keys: the scores of up to 4 query rows by 16 keys at a time (8 accumulators:
 // each widened key vector feeds 4 rows), read straight from the cache entries (f16: F16C; q8_0:

@@ -1,7 +1,190 @@
-// Decode attention, AVX-512 build of ../avx2/attend_impl.h (256-bit vectors; the compiler has 32
-// registers and EVEX encodings).
-#include "cpu/avx2/attend_impl.h"
+// Decode attention kernels (kernels.h AttendFn) in 512-bit vectors, for each KV entry format.
+//
+// Per key block of 32 keys, for up to 8 query rows at once (a GQA group of 8 in one pass, so the
+// block's keys and values are loaded and widened once for all of them; the 256-bit kernels of
+// ../avx2/attend_impl.h take 4 rows a pass and widen every entry twice for such a group):
+//   scores: the 32 keys as two 16-wide vectors, 2 accumulators a row (16 of the 32 registers),
+//           each widened key vector feeding every row (f16: vcvtph2ps; q8_0: sign-extended int8
+//           times each key's group scale);
+//   the block's online-softmax step per row;
+//   values: output tiles of 8 rows by 32 value columns accumulated over the block's keys, value
+//           rows widened as they are read.
+// Nothing is widened into memory; the block's scores ([rows][32]) stay in L1.
 
-namespace strata::cpu::detail {
-void add_attend_avx512(AttendFn* attend) { add_attend_simd(attend); }
-}  // namespace strata::cpu::detail
+// GCC 12's avx512fintrin.h initialises its "undefined" vectors from themselves (GCC PR 105593),
+// which -Wuninitialized then reports at every inlined use; fixed in GCC 13.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "cpu/avx2/simd_common.h"
+#include "cpu/kernels.h"
+#include "cpu/quant_blocks.h"
+
+namespace strata::cpu {
+namespace {
+
+constexpr int64_t kBlock = kKvKeyBlock;  // 32 keys: two vectors
+constexpr int kRowsPerPass = 8;
+static_assert(kBlock == 32, "the kernels hold a key block in two 16-wide vectors");
+
+// 16 consecutive entries at p as floats (q8_0: the int8 values, unscaled)
+template <KvType T>
+inline __m512 load16f(const uint8_t* p) {
+  if constexpr (T == KvType::f32) return _mm512_loadu_ps(p);
+  else if constexpr (T == KvType::f16) return _mm512_cvtph_ps(load32(p));
+  else return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(p)));
+}
+template <KvType T>
+constexpr size_t entry_bytes() {
+  return T == KvType::f32 ? 4 : T == KvType::f16 ? 2 : 1;
+}
+
+// s[r][0 .. 32) = q_r . K_j for the R rows of q ([R][dk]) and the block's 32 keys.
+template <KvType T, int R>
+void scores_block(const float* q, int64_t dk, const uint8_t* blk, float* s) {
+  __m512 a0[R], a1[R];
+  for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
+  auto step = [&](int64_t d, __m512 k0, __m512 k1) {
+    for (int r = 0; r < R; ++r) {
+      const __m512 b = _mm512_set1_ps(q[r * dk + d]);
+      a0[r] = _mm512_fmadd_ps(b, k0, a0[r]);
+      a1[r] = _mm512_fmadd_ps(b, k1, a1[r]);
+    }
+  };
+  if constexpr (T == KvType::q8_0) {
+    const uint8_t* scales = blk + dk * kBlock;  // halves [dk / 32][32]
+    for (int64_t g = 0; g < dk / 32; ++g) {
+      const uint8_t* sg = scales + size_t(g * kBlock) * 2;
+      const __m512 sc0 = _mm512_cvtph_ps(load32(sg)), sc1 = _mm512_cvtph_ps(load32(sg + 32));
+      for (int64_t d = g * 32; d < g * 32 + 32; ++d) {
+        const uint8_t* row = blk + size_t(d * kBlock);
+        step(d, _mm512_mul_ps(load16f<T>(row), sc0), _mm512_mul_ps(load16f<T>(row + 16), sc1));
+      }
+    }
+  } else {
+    constexpr size_t es = entry_bytes<T>();
+    for (int64_t d = 0; d < dk; ++d) {
+      const uint8_t* row = blk + size_t(d * kBlock) * es;
+      step(d, load16f<T>(row), load16f<T>(row + 16 * es));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(s + r * kBlock, a0[r]);
+    _mm512_storeu_ps(s + r * kBlock + 16, a1[r]);
+  }
+}
+
+// o[r][c0 .. c0 + 16 C) += sum over keys j in [lo, hi) of p[r][j] V_j (C = 1 or 2 vectors of
+// columns): R rows, value rows of the block's keys at v (row_stride bytes apart).
+template <KvType T, int R, int C>
+void values_tile(const float* p, int64_t lo, int64_t hi, const uint8_t* v, size_t row_stride, int64_t c0, float* o,
+                 int64_t dv) {
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_loadu_ps(o + r * dv + c0 + 16 * c);
+  for (int64_t j = lo; j < hi; ++j) {
+    const uint8_t* row = v + size_t(j) * row_stride;
+    __m512 vv[C];
+    if constexpr (T == KvType::q8_0) {
+      // c0 is a multiple of 16: the 16 columns c0 + 16 c lie in one block of 32
+      for (int c = 0; c < C; ++c) {
+        const int64_t col = c0 + 16 * c;
+        const auto* b = reinterpret_cast<const block_q8_0*>(row) + col / 32;
+        vv[c] = _mm512_mul_ps(load16f<T>(reinterpret_cast<const uint8_t*>(b->qs) + col % 32),
+                              _mm512_set1_ps(half_to_float(b->d)));
+      }
+    } else {
+      constexpr size_t es = entry_bytes<T>();
+      for (int c = 0; c < C; ++c) vv[c] = load16f<T>(row + size_t(c0 + 16 * c) * es);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512 b = _mm512_set1_ps(p[r * kBlock + j]);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(b, vv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(o + r * dv + c0 + 16 * c, acc[r][c]);
+}
+
+template <KvType T, int R>
+void rows_block(const AttendArgs& a, int r0, const uint8_t* blk, const uint8_t* v, int64_t lo, int64_t hi, float* s) {
+  scores_block<T, R>(a.q + r0 * a.dk, a.dk, blk, s + r0 * kBlock);
+  // the block's softmax step for each row: keys outside [lo, hi) weigh 0
+  const __mmask32 live = __mmask32((hi - lo >= 32 ? ~0u : ((1u << (hi - lo)) - 1)) << lo);
+  for (int r = r0; r < r0 + R; ++r) {
+    float* sr = s + r * kBlock;
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    const __m512 s0 = _mm512_mask_blend_ps(__mmask16(live), ninf, _mm512_loadu_ps(sr));
+    const __m512 s1 = _mm512_mask_blend_ps(__mmask16(live >> 16), ninf, _mm512_loadu_ps(sr + 16));
+    const float m_new = std::max(a.m[r], _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)));
+    const float corr = a.m[r] == -INFINITY ? 0.0f : std::exp(a.m[r] - m_new);
+    const __m256 mm = _mm256_set1_ps(m_new);
+    __m256 sum = _mm256_setzero_ps();
+    const __m256 parts[4] = {_mm512_castps512_ps256(s0), _mm512_extractf32x8_ps(s0, 1), _mm512_castps512_ps256(s1),
+                             _mm512_extractf32x8_ps(s1, 1)};
+    for (int i = 0; i < 4; ++i) {
+      const __m256 e = exp8(_mm256_sub_ps(parts[i], mm));  // exp(-inf) = 0: masked keys weigh 0
+      _mm256_storeu_ps(sr + 8 * i, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    a.l[r] = a.l[r] * corr + hsum(sum);
+    a.m[r] = m_new;
+    if (corr != 1.0f) {
+      const __m512 cv = _mm512_set1_ps(corr);
+      float* o = a.o + r * a.dv;
+      for (int64_t i = 0; i < a.dv; i += 16) _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_loadu_ps(o + i), cv));
+    }
+  }
+  int64_t c0 = 0;
+  for (; c0 + 32 <= a.dv; c0 += 32)
+    values_tile<T, R, 2>(s + r0 * kBlock, lo, hi, v, a.v_row_stride, c0, a.o + r0 * a.dv, a.dv);
+  if (c0 < a.dv) values_tile<T, R, 1>(s + r0 * kBlock, lo, hi, v, a.v_row_stride, c0, a.o + r0 * a.dv, a.dv);
+}
+
+template <KvType T, int R>
+void rows_pass(const AttendArgs& a, int r0, const uint8_t* blk, const uint8_t* v, int64_t lo, int64_t hi, float* s) {
+  if constexpr (R > 1) {
+    if (a.rows - r0 < R) return rows_pass<T, R - 1>(a, r0, blk, v, lo, hi, s);
+  }
+  rows_block<T, R>(a, r0, blk, v, lo, hi, s);
+}
+
+template <KvType T>
+void attend_avx512(const AttendArgs& a) {
+  alignas(64) float s[kAttendMaxRows * kBlock];
+  for (int64_t j0 = 0; j0 < a.n; j0 += kBlock) {
+    const int64_t lo = std::max<int64_t>(a.first - j0, 0), hi = std::min<int64_t>(a.n - j0, kBlock);
+    if (lo >= hi) continue;
+    const uint8_t* blk = a.k + size_t(j0 / kBlock) * a.k_block_stride;
+    const uint8_t* v = a.v + size_t(j0) * a.v_row_stride;
+    if (j0 + kBlock < a.n) {
+      // the next block's keys and values on their way to L1 while this one computes: the value
+      // tiles walk rows 32 columns at a time (a stride the hardware prefetchers miss)
+      const uint8_t* nk = blk + a.k_block_stride;
+      for (size_t off = 0; off < a.k_block_stride; off += 64) _mm_prefetch(reinterpret_cast<const char*>(nk + off), _MM_HINT_T0);
+      const uint8_t* nv = v + kBlock * a.v_row_stride;
+      const int64_t rows = std::min<int64_t>(kBlock, a.n - j0 - kBlock);
+      for (size_t off = 0; off < size_t(rows) * a.v_row_stride; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(nv + off), _MM_HINT_T0);
+    }
+    for (int r0 = 0; r0 < a.rows; r0 += kRowsPerPass) rows_pass<T, kRowsPerPass>(a, r0, blk, v, lo, hi, s);
+  }
+}
+
+}  // namespace
+
+namespace detail {
+void add_attend_avx512(AttendFn* attend) {
+  attend[size_t(KvType::f32)] = attend_avx512<KvType::f32>;
+  attend[size_t(KvType::f16)] = attend_avx512<KvType::f16>;
+  attend[size_t(KvType::q8_0)] = attend_avx512<KvType::q8_0>;
+}
+}  // namespace detail
+}  // namespace strata::cpu
