@@ -2,7 +2,7 @@
 # CI's sanitizer step (issue #12, docs/reliability.md):
 #   asan: the whole test suite built with AddressSanitizer + UndefinedBehaviorSanitizer (leaks
 #         included); any report fails the test that caused it.
-#   tsan: the concurrency tests (thread pool, NUMA groups, block reader, expert store and cache, batched
+#   tsan: the concurrency tests (thread pool, NUMA groups, block reader, mapped file population, expert store and cache, batched
 #         sessions, server and scheduler) built with ThreadSanitizer.
 # Both build at -O1 with line tables only (-g1): a third of a -O2 -g build's compile time on a
 # 2-core machine, and reports still name files and lines.
@@ -32,7 +32,7 @@ fi
 if [ "$which" = tsan ] || [ "$which" = all ]; then
   echo "sanitize: ThreadSanitizer build of the concurrency tests (build-tsan)"
   start=$SECONDS
-  tests="test_thread_pool.cpp;test_numa.cpp;test_block_reader.cpp;test_expert_store.cpp;test_expert_cache.cpp;test_session_batch.cpp;test_server.cpp"
+  tests="test_thread_pool.cpp;test_numa.cpp;test_block_reader.cpp;test_expert_store.cpp;test_expert_cache.cpp;test_session_batch.cpp;test_server.cpp;test_mapped_file.cpp"
   cmake -S . -B build-tsan "${flags[@]}" -DSTRATA_SANITIZE=thread "-DSTRATA_TEST_SOURCES=$tests"
   cmake --build build-tsan -j "$jobs" --target strata_tests
   # OpenMP (libgomp) is not instrumented: its barriers are invisible to TSan, so its parallel

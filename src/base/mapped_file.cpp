@@ -16,9 +16,62 @@
 #include <utility>
 #include <vector>
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22  // Linux 5.14
+#endif
+
 namespace strata {
 
+// The background population of a mapping: the thread walks [data, data + size) in steps and
+// checks `stop` between them; `done` counts the bytes behind it.
+struct MappedFile::Populator {
+  std::atomic<bool> stop{false};
+  std::atomic<size_t> done{0};
+  std::thread thread;
+  ~Populator() {
+    stop.store(true, std::memory_order_relaxed);
+    if (thread.joinable()) thread.join();
+  }
+};
+
+bool MappedFile::populate_in_background() {
+  if (mode_ != Mode::mmap || data_ == nullptr || size_ == 0 || populator_) return false;
+  populator_ = std::make_unique<Populator>();
+  Populator* pop = populator_.get();
+  const uint8_t* data = data_;
+  const size_t size = size_;
+  pop->thread = std::thread([pop, data, size] {
+    constexpr size_t kStep = size_t(64) << 20;
+    const size_t page = size_t(sysconf(_SC_PAGESIZE));
+    bool populate_read = true;
+    for (size_t off = 0; off < size && !pop->stop.load(std::memory_order_relaxed); off += kStep) {
+      const size_t n = std::min(kStep, size - off);
+      // madvise wants a page-aligned start: the mapping starts on a page, and so does each step
+      auto* p = const_cast<uint8_t*>(data + off);
+      if (populate_read && madvise(p, n, MADV_POPULATE_READ) != 0) {
+        if (errno != EINVAL) break;  // a read failed: the readers meet it themselves, with its error
+        populate_read = false;       // a kernel before 5.14
+      }
+      if (!populate_read) {
+        madvise(p, n, MADV_WILLNEED);
+        uint8_t sink = 0;
+        for (size_t i = 0; i < n; i += page) sink ^= reinterpret_cast<const volatile uint8_t*>(p)[i];
+        (void)sink;
+      }
+      pop->done.store(off + n, std::memory_order_relaxed);
+    }
+  });
+  return true;
+}
+
+size_t MappedFile::populated_bytes() const {
+  return populator_ ? populator_->done.load(std::memory_order_relaxed) : 0;
+}
+
+MappedFile::MappedFile() = default;
+
 MappedFile::~MappedFile() {
+  populator_.reset();  // the thread reads the mapping: joined first
   if (data_ != nullptr && mapped_ > 0) munmap(const_cast<uint8_t*>(data_), mapped_);
 }
 
@@ -27,16 +80,19 @@ MappedFile::MappedFile(MappedFile&& other) noexcept
       size_(std::exchange(other.size_, 0)),
       mapped_(std::exchange(other.mapped_, 0)),
       mode_(other.mode_),
-      path_(std::move(other.path_)) {}
+      path_(std::move(other.path_)),
+      populator_(std::move(other.populator_)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   if (this != &other) {
+    populator_.reset();
     if (data_ != nullptr && mapped_ > 0) munmap(const_cast<uint8_t*>(data_), mapped_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
     mapped_ = std::exchange(other.mapped_, 0);
     mode_ = other.mode_;
     path_ = std::move(other.path_);
+    populator_ = std::move(other.populator_);
   }
   return *this;
 }

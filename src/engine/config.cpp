@@ -441,7 +441,7 @@ Result<BudgetCheck> check_budgets(const Config& c, const ModelSummary& s, uint64
           out.notes.push_back("model.load = \"auto\": the " + format_size(s.n_bytes) + " of weights and " +
                               format_size(kv_bytes) + " of KV cache leave less than " + format_size(kLoadMargin) +
                               " of the " + format_size(mem.available) +
-                              " available: the file is mapped (pages read on first use; the first request pays for them)");
+                              " available: the file is mapped (its pages read into memory on a background thread after start)");
       }
       return out;
     }

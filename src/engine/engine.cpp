@@ -162,6 +162,11 @@ Result<std::unique_ptr<Engine>> Engine::open(const Config& c, const char* cmd) {
   auto engine = std::make_unique<Engine>(std::move(*m), c, *s);
   const Model& model = engine->model();
   std::string how = model.file().load_mode() == MappedFile::Mode::ram ? "read into RAM" : "mapped";
+  // a mapped file that fits in the memory available: its pages read on a background thread, so
+  // that the first request does not pay a fault per page (llama.cpp populates its mapping too)
+  if (!stream && model.file().load_mode() == MappedFile::Mode::mmap && s->n_bytes <= system_memory().available &&
+      model.file().populate_in_background())
+    how += ", its pages read into memory in the background";
   if (stream) {
     ExpertStoreOptions so;
     so.cache_bytes = budget->expert_cache_bytes;
