@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -381,12 +382,22 @@ JobResult run_job(Scheduler& sched, const std::vector<TokenId>& prompt, int max_
 // Two runs of the same request agree: the same greedy tokens, their logprobs within 0.03 (a cached
 // or chunked prompt is evaluated in other batch shapes, through the several-token kernels instead
 // of the one-token ones, which round the Q8 activations differently: up to 0.015 measured on the
-// bundled Q4_K_M model).
+// bundled Q4_K_M model). That random-weight model has near ties: where the second run picks
+// another token, it must be one of the first run's best within twice the tolerance of its choice
+// (on an AVX-512 EPYC the chunked prompt's fourth token: 7e-5 apart there, 0.014 in the whole
+// prompt's run); the comparison ends there, as the continuations differ.
 void expect_same_tokens(const JobResult& a, const JobResult& b) {
+  constexpr double kTolerance = 0.03;
   ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
   for (size_t i = 0; i < a.logprobs.size(); ++i) {
-    EXPECT_EQ(a.logprobs[i].token, b.logprobs[i].token) << "token " << i;
-    EXPECT_NEAR(a.logprobs[i].logprob, b.logprobs[i].logprob, 0.03) << "token " << i;
+    EXPECT_NEAR(a.logprobs[i].logprob, b.logprobs[i].logprob, kTolerance) << "token " << i;
+    if (a.logprobs[i].token == b.logprobs[i].token) continue;
+    const auto& top = a.logprobs[i].top;
+    const auto it = std::find_if(top.begin(), top.end(), [&](const auto& t) { return t.first == b.logprobs[i].token; });
+    ASSERT_NE(it, top.end()) << "token " << i << ": '" << b.logprobs[i].token << "' is not among the first run's best";
+    EXPECT_LT(double(a.logprobs[i].logprob) - double(it->second), 2 * kTolerance)
+        << "token " << i << ": '" << a.logprobs[i].token << "' against '" << b.logprobs[i].token << "' is no tie";
+    return;
   }
 }
 
