@@ -181,7 +181,6 @@ class GgufFile {
   // A mapped file: its pages read into memory on a background thread (MappedFile::
   // populate_in_background); false for bytes read into RAM or owned by the caller.
   bool populate_in_background() const { return map_ && map_->populate_in_background(); }
-  size_t populated_bytes() const { return map_ ? map_->populated_bytes() : 0; }
   std::span<const uint8_t> bytes_;
   std::string name_;
   uint32_t version_ = 0;
