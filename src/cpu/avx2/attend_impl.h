@@ -149,16 +149,7 @@ void attend_simd(const AttendArgs& a) {
     if (lo >= hi) continue;
     const uint8_t* blk = a.k + size_t(j0 / kAttendBlock) * a.k_block_stride;
     const uint8_t* v = a.v + size_t(j0) * a.v_row_stride;
-    if (j0 + kAttendBlock < a.n) {
-      // the next block's keys and values on their way to L1 while this one computes: the value
-      // tiles walk rows 16 columns at a time (a stride the hardware prefetchers miss)
-      const uint8_t* nk = blk + a.k_block_stride;
-      for (size_t off = 0; off < a.k_block_stride; off += 64) _mm_prefetch(reinterpret_cast<const char*>(nk + off), _MM_HINT_T0);
-      const uint8_t* nv = v + kAttendBlock * a.v_row_stride;
-      const int64_t rows = std::min<int64_t>(kAttendBlock, a.n - j0 - kAttendBlock);
-      for (size_t off = 0; off < size_t(rows) * a.v_row_stride; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(nv + off), _MM_HINT_T0);
-    }
+    prefetch_next_key_block(a, j0, blk, v);
     for (int r0 = 0; r0 < a.rows; r0 += 4) {
       switch (std::min(4, a.rows - r0)) {
         case 1: rows_block<T, 1>(a, r0, blk, v, lo, hi, s); break;

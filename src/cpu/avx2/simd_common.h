@@ -1,4 +1,4 @@
-// Helpers shared by the AVX2 and AVX-512 kernel translation units (vec_dot_avx2.cpp,
+// Helpers shared by the AVX2 and AVX-512 kernel translation units (vec_dot_avx2.cpp, attend_*.cpp,
 // ../avx512/vec_dot_avx512.cpp). Included only there.
 //
 // Everything here is in an unnamed namespace on purpose: each including translation unit gets its
@@ -11,9 +11,11 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
+#include "cpu/kernels.h"
 #include "cpu/quant_blocks.h"
 
 namespace strata::cpu {
@@ -31,6 +33,19 @@ inline float e8m0_half(uint8_t e) {
 
 inline __m128i load16(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// Decode attention (AttendFn): the key block after the one at j0 (blk, its values from v) on its
+// way to L1 while this one computes; the value tiles walk the rows a few columns at a time, a
+// stride the hardware prefetchers miss.
+inline void prefetch_next_key_block(const AttendArgs& a, int64_t j0, const uint8_t* blk, const uint8_t* v) {
+  if (j0 + kKvKeyBlock >= a.n) return;
+  const uint8_t* nk = blk + a.k_block_stride;
+  for (size_t off = 0; off < a.k_block_stride; off += 64) _mm_prefetch(reinterpret_cast<const char*>(nk + off), _MM_HINT_T0);
+  const uint8_t* nv = v + kKvKeyBlock * a.v_row_stride;
+  const int64_t rows = std::min<int64_t>(kKvKeyBlock, a.n - j0 - kKvKeyBlock);
+  for (size_t off = 0; off < size_t(rows) * a.v_row_stride; off += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(nv + off), _MM_HINT_T0);
+}
 
 // exp(x) for 8 lanes: as sgemm_avx512.cpp's exp16; 2^n built in the exponent field (n clamped to [-126, 127]).
 inline __m256 exp8(__m256 x) {

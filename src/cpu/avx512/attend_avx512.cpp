@@ -164,16 +164,7 @@ void attend_avx512(const AttendArgs& a) {
     if (lo >= hi) continue;
     const uint8_t* blk = a.k + size_t(j0 / kBlock) * a.k_block_stride;
     const uint8_t* v = a.v + size_t(j0) * a.v_row_stride;
-    if (j0 + kBlock < a.n) {
-      // the next block's keys and values on their way to L1 while this one computes: the value
-      // tiles walk rows 32 columns at a time (a stride the hardware prefetchers miss)
-      const uint8_t* nk = blk + a.k_block_stride;
-      for (size_t off = 0; off < a.k_block_stride; off += 64) _mm_prefetch(reinterpret_cast<const char*>(nk + off), _MM_HINT_T0);
-      const uint8_t* nv = v + kBlock * a.v_row_stride;
-      const int64_t rows = std::min<int64_t>(kBlock, a.n - j0 - kBlock);
-      for (size_t off = 0; off < size_t(rows) * a.v_row_stride; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(nv + off), _MM_HINT_T0);
-    }
+    prefetch_next_key_block(a, j0, blk, v);
     for (int r0 = 0; r0 < a.rows; r0 += kRowsPerPass) rows_pass<T, kRowsPerPass>(a, r0, blk, v, lo, hi, s);
   }
 }
