@@ -534,8 +534,8 @@ namespace {
 // each the cpu attend kernel over its keys for the group's query rows (the online softmax: a
 // running max, sum and unnormalised output per row); the last task of a (token, kv head) to finish
 // merges its chunks. Both threads work on one head's keys, the cache is read once per token at
-// the memory's pace, and a token's chunks depend on its position alone, so a token's result is the
-// same in any batch.
+// the memory's pace, and a token's chunks depend on its position (and the pool's size) alone, so a
+// token's result is the same in any batch.
 void attention_decode(const AttentionParams& p, KvCache& cache, int layer, const float* q, int64_t n_tok,
                       int64_t pos0, float* out) {
   const int group = p.n_head / p.n_head_kv;
@@ -554,6 +554,7 @@ void attention_decode(const AttentionParams& p, KvCache& cache, int layer, const
   std::vector<float>& ls = tl_l;
   std::vector<float>& o = tl_o;
   toks.resize(size_t(n_tok));
+  const int64_t pool_threads = cpu::compute_pool().size();
   int64_t n_tasks = 0;
   for (int64_t t = 0; t < n_tok; ++t) {
     Token& k = toks[size_t(t)];
@@ -561,9 +562,11 @@ void attention_decode(const AttentionParams& p, KvCache& cache, int layer, const
     k.first = p.n_swa > 0 ? std::max<int64_t>(0, pos - p.n_swa + 1) : 0;
     k.lo = k.first / kb * kb;
     k.hi = pos + 1;
-    // at least 8 key blocks a chunk, at most 16 chunks a head
+    // about four chunks a thread over the kv heads (each chunk's first key block is read
+    // before any prefetch can run ahead of it), at most 16 chunks a head, at least 8 key blocks
     const int64_t nk = k.hi - k.lo;
-    k.chunk = std::max<int64_t>(8 * kb, ((nk + 15) / 16 + kb - 1) / kb * kb);
+    const int64_t per_head = std::clamp<int64_t>((4 * pool_threads + HKV - 1) / HKV, 1, 16);
+    k.chunk = std::max<int64_t>(8 * kb, ((nk + per_head - 1) / per_head + kb - 1) / kb * kb);
     k.n_chunks = (nk + k.chunk - 1) / k.chunk;
     k.task0 = n_tasks;
     n_tasks += k.n_chunks * HKV;

@@ -7,6 +7,8 @@
 // sign-extended int8 times each key's group scale); the block's softmax step; then the output
 // tiles of 4 rows by 16 value columns accumulated over the block's keys, value rows widened as
 // they are read. Nothing is widened into memory, and the block's scores ([rows][32]) stay in L1.
+// The first pass over a block paces the prefetches (simd_common.h PacedPrefetch): its scores
+// loops bring in the block's value rows, its value loops the next key block.
 #pragma once
 
 #include <immintrin.h>
@@ -38,7 +40,7 @@ constexpr size_t entry_bytes() {
 
 // s[r][c .. c + 16) = q_r . K_j for the R rows of q ([R][dk]) and keys c .. c + 15 of the block.
 template <KvType T, int R>
-void scores_tile(const float* q, int64_t dk, const uint8_t* blk, int64_t c, float* s) {
+void scores_tile(const float* q, int64_t dk, const uint8_t* blk, int64_t c, float* s, PacedPrefetch& pf) {
   constexpr size_t es = entry_bytes<T>();
   __m256 a0[R], a1[R];
   for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
@@ -56,12 +58,14 @@ void scores_tile(const float* q, int64_t dk, const uint8_t* blk, int64_t c, floa
       const __m256 sc0 = _mm256_cvtph_ps(load16(sg)), sc1 = _mm256_cvtph_ps(load16(sg + 16));
       for (int64_t d = g * 32; d < g * 32 + 32; ++d) {
         const uint8_t* row = blk + size_t(d * kAttendBlock + c);
+        pf.step();
         step(d, _mm256_mul_ps(load8<T>(row), sc0), _mm256_mul_ps(load8<T>(row + 8), sc1));
       }
     }
   } else {
     for (int64_t d = 0; d < dk; ++d) {
       const uint8_t* row = blk + size_t(d * kAttendBlock + c) * es;
+      pf.step();
       step(d, load8<T>(row), load8<T>(row + 8 * es));
     }
   }
@@ -75,7 +79,7 @@ void scores_tile(const float* q, int64_t dk, const uint8_t* blk, int64_t c, floa
 // block's keys at v (row_stride bytes apart).
 template <KvType T, int R>
 void values_tile(const float* p, int64_t lo, int64_t hi, const uint8_t* v, size_t row_stride, int64_t c0, float* o,
-                 int64_t dv) {
+                 int64_t dv, PacedPrefetch& pf) {
   __m256 a0[R], a1[R];
   for (int r = 0; r < R; ++r) {
     a0[r] = _mm256_loadu_ps(o + r * dv + c0);
@@ -83,6 +87,7 @@ void values_tile(const float* p, int64_t lo, int64_t hi, const uint8_t* v, size_
   }
   for (int64_t j = lo; j < hi; ++j) {
     const uint8_t* row = v + size_t(j) * row_stride;
+    pf.step();
     __m256 v0, v1;
     if constexpr (T == KvType::q8_0) {
       const auto* b = reinterpret_cast<const block_q8_0*>(row) + c0 / 32;
@@ -108,8 +113,13 @@ void values_tile(const float* p, int64_t lo, int64_t hi, const uint8_t* v, size_
 }
 
 template <KvType T, int R>
-void rows_block(const AttendArgs& a, int r0, const uint8_t* blk, const uint8_t* v, int64_t lo, int64_t hi, float* s) {
-  for (int64_t c = 0; c < kAttendBlock; c += 16) scores_tile<T, R>(a.q + r0 * a.dk, a.dk, blk, c, s + r0 * kAttendBlock);
+void rows_block(const AttendArgs& a, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
+  const uint8_t* blk = a.k + size_t(j0 / kAttendBlock) * a.k_block_stride;
+  const uint8_t* v = a.v + size_t(j0) * a.v_row_stride;
+  const bool lead = r0 == 0;  // the pass that prefetches
+  PacedPrefetch pf = lead ? value_rows_prefetch(a, j0, lo, hi, 2 * a.dk) : PacedPrefetch();
+  for (int64_t c = 0; c < kAttendBlock; c += 16)
+    scores_tile<T, R>(a.q + r0 * a.dk, a.dk, blk, c, s + r0 * kAttendBlock, pf);
   // the block's softmax step for each row: keys outside [lo, hi) weigh 0
   for (int r = r0; r < r0 + R; ++r) {
     float* sr = s + r * kAttendBlock;
@@ -137,8 +147,9 @@ void rows_block(const AttendArgs& a, int r0, const uint8_t* blk, const uint8_t* 
       for (int64_t i = 0; i < a.dv; i += 8) _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(o + i), cv));
     }
   }
+  pf = lead ? next_key_block_prefetch(a, j0, a.dv / 16 * (hi - lo)) : PacedPrefetch();
   for (int64_t c0 = 0; c0 < a.dv; c0 += 16)
-    values_tile<T, R>(s + r0 * kAttendBlock, lo, hi, v, a.v_row_stride, c0, a.o + r0 * a.dv, a.dv);
+    values_tile<T, R>(s + r0 * kAttendBlock, lo, hi, v, a.v_row_stride, c0, a.o + r0 * a.dv, a.dv, pf);
 }
 
 template <KvType T>
@@ -147,15 +158,12 @@ void attend_simd(const AttendArgs& a) {
   for (int64_t j0 = 0; j0 < a.n; j0 += kAttendBlock) {
     const int64_t lo = std::max<int64_t>(a.first - j0, 0), hi = std::min<int64_t>(a.n - j0, kAttendBlock);
     if (lo >= hi) continue;
-    const uint8_t* blk = a.k + size_t(j0 / kAttendBlock) * a.k_block_stride;
-    const uint8_t* v = a.v + size_t(j0) * a.v_row_stride;
-    prefetch_next_key_block(a, j0, blk, v);
     for (int r0 = 0; r0 < a.rows; r0 += 4) {
       switch (std::min(4, a.rows - r0)) {
-        case 1: rows_block<T, 1>(a, r0, blk, v, lo, hi, s); break;
-        case 2: rows_block<T, 2>(a, r0, blk, v, lo, hi, s); break;
-        case 3: rows_block<T, 3>(a, r0, blk, v, lo, hi, s); break;
-        default: rows_block<T, 4>(a, r0, blk, v, lo, hi, s); break;
+        case 1: rows_block<T, 1>(a, r0, j0, lo, hi, s); break;
+        case 2: rows_block<T, 2>(a, r0, j0, lo, hi, s); break;
+        case 3: rows_block<T, 3>(a, r0, j0, lo, hi, s); break;
+        default: rows_block<T, 4>(a, r0, j0, lo, hi, s); break;
       }
     }
   }

@@ -34,17 +34,37 @@ inline float e8m0_half(uint8_t e) {
 inline __m128i load16(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
-// Decode attention (AttendFn): the key block after the one at j0 (blk, its values from v) on its
-// way to L1 while this one computes; the value tiles walk the rows a few columns at a time, a
-// stride the hardware prefetchers miss.
-inline void prefetch_next_key_block(const AttendArgs& a, int64_t j0, const uint8_t* blk, const uint8_t* v) {
-  if (j0 + kKvKeyBlock >= a.n) return;
-  const uint8_t* nk = blk + a.k_block_stride;
-  for (size_t off = 0; off < a.k_block_stride; off += 64) _mm_prefetch(reinterpret_cast<const char*>(nk + off), _MM_HINT_T0);
-  const uint8_t* nv = v + kKvKeyBlock * a.v_row_stride;
-  const int64_t rows = std::min<int64_t>(kKvKeyBlock, a.n - j0 - kKvKeyBlock);
-  for (size_t off = 0; off < size_t(rows) * a.v_row_stride; off += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(nv + off), _MM_HINT_T0);
+// Decode attention (AttendFn): bytes on their way to L1 a few lines at a time, paced by the
+// kernel's loop. A key block's scores loop brings in the block's value rows, its value loop the
+// next key block, so each line is asked for about half a block's compute ahead and a thread never
+// has more misses in flight than its fill buffers hold. The same lines fetched in a burst at the
+// start of each block left one thread reading an f16 cache at 6-8 GB/s from DRAM against 21 GB/s
+// with the cache in L2; paced, 19 (AMD EPYC Zen 5, one thread, 256-key chunks).
+class PacedPrefetch {
+ public:
+  PacedPrefetch() = default;
+  // [p, p + bytes) over `steps` calls of step()
+  PacedPrefetch(const uint8_t* p, size_t bytes, int64_t steps)
+      : p_(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(63))),
+        lines_(int64_t((reinterpret_cast<uintptr_t>(p) & 63) + bytes + 63) / 64),
+        per_step_(steps > 0 ? (lines_ + steps - 1) / steps : lines_) {}
+  void step() {
+    for (int64_t i = 0; i < per_step_ && lines_ > 0; ++i, --lines_, p_ += 64) _mm_prefetch(p_, _MM_HINT_T0);
+  }
+
+ private:
+  const char* p_ = nullptr;
+  int64_t lines_ = 0, per_step_ = 0;
+};
+
+// The value rows of keys [lo, hi) of the key block at j0, over `steps` steps.
+inline PacedPrefetch value_rows_prefetch(const AttendArgs& a, int64_t j0, int64_t lo, int64_t hi, int64_t steps) {
+  return PacedPrefetch(a.v + size_t(j0 + lo) * a.v_row_stride, size_t(hi - lo) * a.v_row_stride, steps);
+}
+// The key block after the one at j0 (none after the range's last), over `steps` steps.
+inline PacedPrefetch next_key_block_prefetch(const AttendArgs& a, int64_t j0, int64_t steps) {
+  if (j0 + kKvKeyBlock >= a.n) return {};
+  return PacedPrefetch(a.k + size_t(j0 / kKvKeyBlock + 1) * a.k_block_stride, a.k_block_stride, steps);
 }
 
 // exp(x) for 8 lanes: as sgemm_avx512.cpp's exp16; 2^n built in the exponent field (n clamped to [-126, 127]).

@@ -9,7 +9,9 @@
 //   the block's online-softmax step per row;
 //   values: output tiles of 8 rows by 32 value columns accumulated over the block's keys, value
 //           rows widened as they are read.
-// Nothing is widened into memory; the block's scores ([rows][32]) stay in L1.
+// Nothing is widened into memory; the block's scores ([rows][32]) stay in L1. The first pass over
+// a block paces the prefetches (simd_common.h PacedPrefetch): its scores loop one line of the
+// block's value rows per dimension, its value loop one line of the next key block per key.
 
 // GCC 12's avx512fintrin.h initialises its "undefined" vectors from themselves (GCC PR 105593),
 // which -Wuninitialized then reports at every inlined use; fixed in GCC 13.
@@ -48,7 +50,7 @@ constexpr size_t entry_bytes() {
 
 // s[r][0 .. 32) = q_r . K_j for the R rows of q ([R][dk]) and the block's 32 keys.
 template <KvType T, int R>
-void scores_block(const float* q, int64_t dk, const uint8_t* blk, float* s) {
+void scores_block(const float* q, int64_t dk, const uint8_t* blk, float* s, PacedPrefetch& pf) {
   __m512 a0[R], a1[R];
   for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
   auto step = [&](int64_t d, __m512 k0, __m512 k1) {
@@ -65,6 +67,7 @@ void scores_block(const float* q, int64_t dk, const uint8_t* blk, float* s) {
       const __m512 sc0 = _mm512_cvtph_ps(load32(sg)), sc1 = _mm512_cvtph_ps(load32(sg + 32));
       for (int64_t d = g * 32; d < g * 32 + 32; ++d) {
         const uint8_t* row = blk + size_t(d * kBlock);
+        pf.step();
         step(d, _mm512_mul_ps(load16f<T>(row), sc0), _mm512_mul_ps(load16f<T>(row + 16), sc1));
       }
     }
@@ -72,6 +75,7 @@ void scores_block(const float* q, int64_t dk, const uint8_t* blk, float* s) {
     constexpr size_t es = entry_bytes<T>();
     for (int64_t d = 0; d < dk; ++d) {
       const uint8_t* row = blk + size_t(d * kBlock) * es;
+      pf.step();
       step(d, load16f<T>(row), load16f<T>(row + 16 * es));
     }
   }
@@ -85,12 +89,13 @@ void scores_block(const float* q, int64_t dk, const uint8_t* blk, float* s) {
 // columns): R rows, value rows of the block's keys at v (row_stride bytes apart).
 template <KvType T, int R, int C>
 void values_tile(const float* p, int64_t lo, int64_t hi, const uint8_t* v, size_t row_stride, int64_t c0, float* o,
-                 int64_t dv) {
+                 int64_t dv, PacedPrefetch& pf) {
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_loadu_ps(o + r * dv + c0 + 16 * c);
   for (int64_t j = lo; j < hi; ++j) {
     const uint8_t* row = v + size_t(j) * row_stride;
+    pf.step();
     __m512 vv[C];
     if constexpr (T == KvType::q8_0) {
       // c0 is a multiple of 16: the 16 columns c0 + 16 c lie in one block of 32
@@ -114,8 +119,12 @@ void values_tile(const float* p, int64_t lo, int64_t hi, const uint8_t* v, size_
 }
 
 template <KvType T, int R>
-void rows_block(const AttendArgs& a, int r0, const uint8_t* blk, const uint8_t* v, int64_t lo, int64_t hi, float* s) {
-  scores_block<T, R>(a.q + r0 * a.dk, a.dk, blk, s + r0 * kBlock);
+void rows_block(const AttendArgs& a, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
+  const uint8_t* blk = a.k + size_t(j0 / kBlock) * a.k_block_stride;
+  const uint8_t* v = a.v + size_t(j0) * a.v_row_stride;
+  const bool lead = r0 == 0;  // the pass that prefetches
+  PacedPrefetch pf = lead ? value_rows_prefetch(a, j0, lo, hi, a.dk) : PacedPrefetch();
+  scores_block<T, R>(a.q + r0 * a.dk, a.dk, blk, s + r0 * kBlock, pf);
   // the block's softmax step for each row: keys outside [lo, hi) weigh 0
   const __mmask32 live = __mmask32((hi - lo >= 32 ? ~0u : ((1u << (hi - lo)) - 1)) << lo);
   for (int r = r0; r < r0 + R; ++r) {
@@ -142,18 +151,19 @@ void rows_block(const AttendArgs& a, int r0, const uint8_t* blk, const uint8_t* 
       for (int64_t i = 0; i < a.dv; i += 16) _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_loadu_ps(o + i), cv));
     }
   }
+  pf = lead ? next_key_block_prefetch(a, j0, (a.dv + 31) / 32 * (hi - lo)) : PacedPrefetch();
   int64_t c0 = 0;
   for (; c0 + 32 <= a.dv; c0 += 32)
-    values_tile<T, R, 2>(s + r0 * kBlock, lo, hi, v, a.v_row_stride, c0, a.o + r0 * a.dv, a.dv);
-  if (c0 < a.dv) values_tile<T, R, 1>(s + r0 * kBlock, lo, hi, v, a.v_row_stride, c0, a.o + r0 * a.dv, a.dv);
+    values_tile<T, R, 2>(s + r0 * kBlock, lo, hi, v, a.v_row_stride, c0, a.o + r0 * a.dv, a.dv, pf);
+  if (c0 < a.dv) values_tile<T, R, 1>(s + r0 * kBlock, lo, hi, v, a.v_row_stride, c0, a.o + r0 * a.dv, a.dv, pf);
 }
 
 template <KvType T, int R>
-void rows_pass(const AttendArgs& a, int r0, const uint8_t* blk, const uint8_t* v, int64_t lo, int64_t hi, float* s) {
+void rows_pass(const AttendArgs& a, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
   if constexpr (R > 1) {
-    if (a.rows - r0 < R) return rows_pass<T, R - 1>(a, r0, blk, v, lo, hi, s);
+    if (a.rows - r0 < R) return rows_pass<T, R - 1>(a, r0, j0, lo, hi, s);
   }
-  rows_block<T, R>(a, r0, blk, v, lo, hi, s);
+  rows_block<T, R>(a, r0, j0, lo, hi, s);
 }
 
 template <KvType T>
@@ -162,10 +172,7 @@ void attend_avx512(const AttendArgs& a) {
   for (int64_t j0 = 0; j0 < a.n; j0 += kBlock) {
     const int64_t lo = std::max<int64_t>(a.first - j0, 0), hi = std::min<int64_t>(a.n - j0, kBlock);
     if (lo >= hi) continue;
-    const uint8_t* blk = a.k + size_t(j0 / kBlock) * a.k_block_stride;
-    const uint8_t* v = a.v + size_t(j0) * a.v_row_stride;
-    prefetch_next_key_block(a, j0, blk, v);
-    for (int r0 = 0; r0 < a.rows; r0 += kRowsPerPass) rows_pass<T, kRowsPerPass>(a, r0, blk, v, lo, hi, s);
+    for (int r0 = 0; r0 < a.rows; r0 += kRowsPerPass) rows_pass<T, kRowsPerPass>(a, r0, j0, lo, hi, s);
   }
 }
 
