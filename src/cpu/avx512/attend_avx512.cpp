@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "cpu/avx2/simd_common.h"
+#include "cpu/avx512/exp512.h"
 #include "cpu/kernels.h"
 #include "cpu/quant_blocks.h"
 
@@ -134,16 +135,11 @@ void rows_block(const AttendArgs& a, int r0, int64_t j0, int64_t lo, int64_t hi,
     const __m512 s1 = _mm512_mask_blend_ps(__mmask16(live >> 16), ninf, _mm512_loadu_ps(sr + 16));
     const float m_new = std::max(a.m[r], _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)));
     const float corr = a.m[r] == -INFINITY ? 0.0f : std::exp(a.m[r] - m_new);
-    const __m256 mm = _mm256_set1_ps(m_new);
-    __m256 sum = _mm256_setzero_ps();
-    const __m256 parts[4] = {_mm512_castps512_ps256(s0), _mm512_extractf32x8_ps(s0, 1), _mm512_castps512_ps256(s1),
-                             _mm512_extractf32x8_ps(s1, 1)};
-    for (int i = 0; i < 4; ++i) {
-      const __m256 e = exp8(_mm256_sub_ps(parts[i], mm));  // exp(-inf) = 0: masked keys weigh 0
-      _mm256_storeu_ps(sr + 8 * i, e);
-      sum = _mm256_add_ps(sum, e);
-    }
-    a.l[r] = a.l[r] * corr + hsum(sum);
+    const __m512 mm = _mm512_set1_ps(m_new);
+    const __m512 e0 = exp16(_mm512_sub_ps(s0, mm)), e1 = exp16(_mm512_sub_ps(s1, mm));  // masked keys weigh 0
+    _mm512_storeu_ps(sr, e0);
+    _mm512_storeu_ps(sr + 16, e1);
+    a.l[r] = a.l[r] * corr + _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
     a.m[r] = m_new;
     if (corr != 1.0f) {
       const __m512 cv = _mm512_set1_ps(corr);
