@@ -402,6 +402,12 @@ int run_bench(const BenchOptions& o) {
                 std::string(10, '-').c_str(), std::string(12, '-').c_str(), std::string(9, '-').c_str(),
                 std::string(10, '-').c_str(), std::string(22, '-').c_str(), std::string(36, '-').c_str());
   }
+  // decode's roofline counts the KV cache's bytes where attention reads every cached position
+  // (GQA without a window, MLA); windowed and compressed attention (gpt-oss, deepseek4/41) read
+  // less than the cache holds, and the roofline is the weights' alone
+  const Arch arch = m.hparams().arch;
+  const bool kv_read_counted = m.hparams().n_swa == 0 && arch != Arch::deepseek4 && arch != Arch::deepseek41;
+  double kv_read_per_token = 0;  // the last decode test's
   for (const Test& t : tests) {
     TestResult r;
     r.test = t;
@@ -490,9 +496,15 @@ int run_bench(const BenchOptions& o) {
         r.limit_fraction = limit > 0 ? gops / limit : 0;
         r.limit_text = strfmt("%.0f GOP/s = %.2f of int8 peak %.0f", gops, r.limit_fraction, limit);
       } else {
-        // bytes one sequence's token needs, over all tokens produced (streams share reads: above 1
-        // of the roofline means batching paid)
-        const double gbs = double(sm.active_bytes_per_token) * t.n * t.streams / sec / 1e9;
+        // bytes one sequence's token needs, over all tokens produced (streams share the weights'
+        // reads: above 1 of the roofline means batching paid): the active weights, and the KV
+        // cache each token attends to (the depth and half the test's tokens on average) where
+        // attention reads every cached position
+        const double kv = kv_read_counted ? double(kv_bytes_per_token(m.hparams(), seqs[0]->kv_type())) *
+                                                (double(o.depth) + 0.5 * double(t.n))
+                                          : 0.0;
+        kv_read_per_token = kv;
+        const double gbs = (double(sm.active_bytes_per_token) + kv) * t.n * t.streams / sec / 1e9;
         r.limit_fraction = limit > 0 ? gbs / limit : 0;
         r.limit_text = strfmt("%.1f GB/s = %.2f of DRAM %.1f GB/s", gbs, r.limit_fraction, limit);
       }
@@ -572,7 +584,12 @@ int run_bench(const BenchOptions& o) {
     }
     std::printf("%s\n", arr.dump(2).c_str());
   } else {
-    std::printf("\ndecode roofline of this model: %s read per token\n", format_bytes(double(sm.active_bytes_per_token)).c_str());
+    std::printf("\ndecode roofline of this model: %s read per token", format_bytes(double(sm.active_bytes_per_token)).c_str());
+    if (kv_read_per_token > 0)
+      std::printf(", and the KV cache: %s per token in the last decode test (counted)", format_bytes(kv_read_per_token).c_str());
+    else if (!kv_read_counted && o.depth > 0)
+      std::printf(" (the KV cache's reads not counted: windowed or compressed attention)");
+    std::printf("\n");
   }
   if (engine.gpu_tier()) std::fprintf(stderr, "strata bench: %s\n", engine.gpu_tier()->summary().c_str());
   return 0;
