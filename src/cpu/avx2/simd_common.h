@@ -67,7 +67,7 @@ inline PacedPrefetch next_key_block_prefetch(const AttendArgs& a, int64_t j0, in
   return PacedPrefetch(a.k + size_t(j0 / kKvKeyBlock + 1) * a.k_block_stride, a.k_block_stride, steps);
 }
 
-// exp(x) for 8 lanes: as sgemm_avx512.cpp's exp16; 2^n built in the exponent field (n clamped to [-126, 127]).
+// exp(x) for 8 lanes: as ../avx512/exp512.h's exp16 (the same polynomial in 256-bit vectors); 2^n built in the exponent field (n clamped to [-126, 127]).
 inline __m256 exp8(__m256 x) {
   const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
   x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
