@@ -3,7 +3,8 @@
 //  - BM_expert_ffn: the fused expert FFN (moe_ffn) of one MoE layer of qwen3-30b-a3b's shape (128
 //    experts of 2048 -> 768 -> 2048, 8 active per token), experts drawn at random from a stack far
 //    larger than the caches. One token (decode), or /tokens:N: a speculative verification step of
-//    N tokens routed independently, whose bytes are the union of their experts. Counters GBps
+//    N tokens routed independently, whose bytes are the union of their experts (tokens:512: a
+//    prefill batch, with GOPs and peak_frac of the int8 probe as BM_gemm). Counters GBps
 //    (expert bytes read per second), bw_frac (GBps / the mean of DRAM read probes taken along the
 //    timed loop, bench_common.h DramTracker) and experts (the union's mean size).
 //  - BM_gemm: prefill matmuls, W [n_out][n_in] times a batch of 8, 64 or 512 activation rows,
@@ -138,6 +139,12 @@ void BM_expert_ffn(benchmark::State& state, GgmlType type, int n_layers, int64_t
   const double experts = double(union_sum) / double(std::max<int64_t>(1, state.iterations()));
   set_bandwidth_counters(state, size_t(experts * double(expert_bytes)), dram.kernel_seconds(), dram.mean_gbps());
   state.counters["experts"] = experts;
+  if (n_tok >= 32) {  // a prefill batch: the weights' int8 operations against the int8 probe
+    const double ops = 2.0 * 3 * double(kEmbd * kFf * kUsed * n_tok) * double(state.iterations());
+    const double gops = ops / dram.kernel_seconds() / 1e9, peak = int8_peak_gops();
+    state.counters["GOPs"] = gops;
+    state.counters["peak_frac"] = peak > 0 ? gops / peak : 0.0;
+  }
   state.SetLabel(std::string(quant_traits(type).name) + " " + std::string(cpu::isa_name()));
 }
 
@@ -226,7 +233,7 @@ const int kRegistered = [] {
     // 16 layers: 5.4 GB, the reads spread as a whole model's are
     benchmark::RegisterBenchmark(("BM_expert_ffn/" + tname + "/16_layers").c_str(), BM_expert_ffn, type, 16, 1)
         ->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(3.0);
-    for (int64_t n_tok : {2, 4, 9})  // verification steps of k = 1, 3 and 8 drafts
+    for (int64_t n_tok : {2, 4, 9, 512})  // verification steps of k = 1, 3 and 8 drafts; a pp512 batch
       benchmark::RegisterBenchmark(("BM_expert_ffn/" + tname + "/16_layers/tokens:" + std::to_string(n_tok)).c_str(),
                                    BM_expert_ffn, type, 16, n_tok)
           ->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(3.0);

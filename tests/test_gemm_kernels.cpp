@@ -259,7 +259,7 @@ TEST(GemmKernels, RandomTilesMatchReference) {
     for (GgmlType type : gemm_types(k)) {
       for (int64_t n : lengths_for(type)) {
         for (int64_t rows : {1, 7, 16, 33, 64}) {
-          for (int64_t tok : {1, 2, 7, 64, 130}) {
+          for (int64_t tok : {1, 2, 7, 33, 64, 130}) {  // 33: blocks of 7 and 6 tokens
             // padded strides and ldy on every other shape
             const bool pad = (rows + tok) % 2 == 1;
             Problem p(rng, type, n, rows, tok, pad ? 48 : 0, pad ? 20 : 0);
