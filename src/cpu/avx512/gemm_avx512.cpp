@@ -165,15 +165,13 @@ inline void store_rows(float* y, __mmask16 mask, __m512 v, bool first) {
 // ---- panels ----
 //
 // Several tokens: a 16-row group's K is cut into panels of up to kPanelBytes of unpacked tiles
-// (L1 scratch: 4 super-blocks of Q4_K, 1024 elements; with 8 tokens' activations for the panel,
-// 9 KB of Q8_K, it stays in a 48 KB L1D, which 40 KB panels did not: Zen 5, the routed experts
-// of a 512-token prefill (BM_expert_ffn tokens:512) 2-5% faster). A panel is unpacked once, then each block
+// (L1 scratch: 8 super-blocks of Q4_K, 2048 elements). A panel is unpacked once, then each block
 // of up to kTok tokens runs over the whole panel with its sums in registers, so y is written once
 // per panel. Meanwhile the weights that follow in a row-interleaved group's stream (the next
 // panel, or the next group's first) are prefetched into L2, spread over the token blocks, so the
 // next unpack does not wait on DRAM. (Measured, one thread, 768 x 2048 Q4_K by 512 tokens: 413 ->
 // 593 GOP/s for the panel; sums per 256 elements through y were the previous scheme.)
-constexpr size_t kPanelBytes = 20 * 1024;
+constexpr size_t kPanelBytes = 40 * 1024;
 
 // Software prefetch of [from, from + bytes) into L2, in `steps` even slices (from == nullptr: none).
 class StreamPrefetch {
