@@ -1,8 +1,8 @@
 // AVX-512 (F, BW, VL, DQ) + VNNI variants of the quantized dot products (kernels.h): Q4_0, Q5_0,
 // Q8_0, IQ4_NL, MXFP4 against Q8_0 activations; Q4_K, Q5_K, Q6_K against Q8_K activations. Same
 // signature and contract as the references of quant_ref.h (n a whole number of blocks, which the
-// loader guarantees; not re-checked here). The activation quantizers of the AVX2 directory serve
-// this ISA too.
+// loader guarantees; not re-checked here). The Q8_K activation quantizer is here too; Q8_0's of
+// the AVX2 directory serves this ISA.
 //
 // Math. As in the AVX2 variants the integer part is the reference's, exactly; the float part
 // differs by rounding only:
@@ -317,12 +317,59 @@ float vec_dot_q6_K_q8_K(int64_t n, const void* vw, const void* va) {
   return _mm512_reduce_add_ps(acc);
 }
 
+// ---- activation quantizer, bit-identical to the reference for finite input ----
+
+// Q8_K (quantize_row_q8_K of quant_ref.h), as the AVX2 one in 16-wide vectors: max = the first
+// element of largest magnitude, iscale = -127 / max, q = min(round_half_even(iscale * x), 127)
+// (vcvtps2dq in the default MXCSR mode), d = 1 / iscale; bsums by vpdpbusd against ones.
+void quantize_row_q8_K(const float* x, void* vy, int64_t n) {
+  auto* y = static_cast<block_q8_K*>(vy);
+  const int64_t nb = n / QK_K;
+  const __m512i v127 = _mm512_set1_epi32(127), ones = _mm512_set1_epi8(1);
+  for (int64_t i = 0; i < nb; ++i, x += QK_K) {
+    __m512 vmax = _mm512_setzero_ps();
+    for (int e = 0; e < QK_K; e += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(x + e)));
+    const float amax = _mm512_reduce_max_ps(vmax);
+    if (amax == 0.0f) {
+      std::memset(&y[i], 0, sizeof(block_q8_K));
+      continue;
+    }
+    // the first element of that magnitude gives the sign
+    float max = amax;
+    const __m512 vamax = _mm512_set1_ps(amax);
+    for (int e = 0; e < QK_K; e += 16) {
+      const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(x + e)), vamax, _CMP_EQ_OQ);
+      if (hit) {
+        max = x[e + __builtin_ctz(unsigned(hit))];
+        break;
+      }
+    }
+    const float iscale = -127.0f / max;
+    const __m512 vscale = _mm512_set1_ps(iscale);
+    alignas(64) int32_t sums[QK_K / 4];  // sums of 4 consecutive quants
+    for (int e = 0; e < QK_K; e += 64) {
+      __m128i q[4];
+      for (int k = 0; k < 4; ++k) {
+        const __m512i v = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(vscale, _mm512_loadu_ps(x + e + 16 * k))), v127);
+        q[k] = _mm512_cvtsepi32_epi8(v);  // |v| <= 127: exact
+      }
+      const __m512i q64 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(q[1], q[0])), _mm256_set_m128i(q[3], q[2]), 1);
+      _mm512_storeu_si512(y[i].qs + e, q64);
+      _mm512_store_si512(sums + e / 4, _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, q64));
+    }
+    for (int j = 0; j < QK_K / 16; ++j)
+      y[i].bsums[j] = int16_t(sums[4 * j] + sums[4 * j + 1] + sums[4 * j + 2] + sums[4 * j + 3]);
+    y[i].d = 1.0f / iscale;
+  }
+}
+
 }  // namespace
 
 namespace detail {
 
-void add_avx512_kernels(VecDotFn* vec_dot, QuantizeRowFn* /*quantize_row*/) {
+void add_avx512_kernels(VecDotFn* vec_dot, QuantizeRowFn* quantize_row) {
   add_avx512_float_kernels(vec_dot);
+  quantize_row[size_t(GgmlType::q8_k)] = quantize_row_q8_K;
   vec_dot[size_t(GgmlType::q4_0)] = vec_dot_32<Q4_0>;
   vec_dot[size_t(GgmlType::q5_0)] = vec_dot_32<Q5_0>;
   vec_dot[size_t(GgmlType::q8_0)] = vec_dot_32<Q8_0>;
