@@ -1,7 +1,8 @@
 // The decode attention kernels (cpu/kernels.h AttendFn) of every supported ISA and KV entry
-// format against a double-precision softmax over the same entries widened (cpu/kv_format.h), on
-// fresh random data: several row counts, head dims, ranges that start and end inside a key block,
-// and ranges merged by their (max, sum) as the model's decode attention does. Tolerance: 2e-5
+// format against a double-precision softmax over the same entries widened (cpu/kv_format.h; q8_0
+// keys meet the query in q8_0, kv_query), on fresh random data: several row counts, head dims,
+// ranges that start and end inside a key block, and ranges merged by their (max, sum) as the
+// model's decode attention does. Tolerance: 2e-5
 // relative to the output's largest magnitude (float sums over up to 300 keys; the reference's
 // exponentials are exact, the kernels' a few ulps off).
 #include <gtest/gtest.h>
@@ -47,11 +48,12 @@ std::vector<double> reference(KvType t, const Entries& e, const std::vector<floa
   const int64_t kb = cpu::kKvKeyBlock;
   std::vector<float> kf(size_t(c.dk * kb)), vf(size_t(c.dv));
   std::vector<double> s(size_t(c.rows * c.n)), o(size_t(c.rows * c.dv), 0.0);
+  const std::vector<float> qk = cpu::kv_query(t, q.data(), c.rows, c.dk);  // q8_0 keys: q in q8_0
   for (int64_t j = c.first; j < c.n; ++j) {
     cpu::kv_widen_keys(t, e.k.data() + size_t(j / kb) * e.k_stride, c.dk, kf.data());
     for (int r = 0; r < c.rows; ++r) {
       double acc = 0;
-      for (int64_t d = 0; d < c.dk; ++d) acc += double(q[size_t(r * c.dk + d)]) * kf[size_t(d * kb + j % kb)];
+      for (int64_t d = 0; d < c.dk; ++d) acc += double(qk[size_t(r * c.dk + d)]) * kf[size_t(d * kb + j % kb)];
       s[size_t(r * c.n + j)] = acc;
     }
   }
@@ -112,7 +114,8 @@ TEST(AttendKernels, MatchDoubleSoftmaxOnEveryFormatAndIsa) {
   SEED_TRACE();
   Rng rng(41);
   const Case cases[] = {{8, 128, 128, 300, 0}, {1, 64, 64, 1, 0},    {4, 128, 64, 33, 0},  {16, 64, 128, 96, 0},
-                        {3, 96, 96, 250, 70},  {8, 128, 128, 64, 31}, {6, 32, 32, 129, 128}, {12, 64, 64, 200, 0}};
+                        {3, 96, 96, 250, 70},  {8, 128, 128, 64, 31}, {6, 32, 32, 129, 128}, {12, 64, 64, 200, 0},
+                        {4, 256, 256, 70, 5}};
   for (cpu::CpuIsa isa : {cpu::CpuIsa::scalar, cpu::CpuIsa::avx2, cpu::CpuIsa::avx512}) {
     if (!cpu::isa_supported(isa)) continue;
     for (KvType t : {KvType::f32, KvType::f16, KvType::q8_0}) {

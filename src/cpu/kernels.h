@@ -73,21 +73,28 @@ using HalfToFloatFn = void (*)(const uint16_t* x, float* y, int64_t n);
 
 // The entry formats of a GQA KV cache (model/kv_cache.h holds the rows; cpu/kv_format.h reads and
 // writes them). K is stored in transposed blocks of kKvKeyBlock keys: [head_dim][kKvKeyBlock]
-// entries (q8_0: int8 entries, then a half scale per key and 32 dims, [head_dim / 32][kKvKeyBlock]:
-// each key's dims quantized in groups of 32 as ggml's q8_0). V rows by position: head_dim_v
-// entries (q8_0: ggml block_q8_0 blocks of 32).
+// entries. q8_0 keys: each key's dims quantized in groups of 32 as ggml's q8_0, the int8 values
+// stored offset by 128 as bytes in groups of 4 dims, [head_dim / 4][kKvKeyBlock][4] (a key's 4
+// dims in one dword, as VNNI's vpdpbusd multiplies them: kv_q8_key_offset), then a half scale per
+// key and 32 dims, [head_dim / 32][kKvKeyBlock]. V rows by position: head_dim_v entries (q8_0:
+// ggml block_q8_0 blocks of 32).
 enum class KvType { f32, f16, q8_0 };
 inline constexpr int64_t kKvKeyBlock = 32;
+// The byte of dim d of key `slot` in a q8_0 key block.
+constexpr int64_t kv_q8_key_offset(int64_t d, int64_t slot) { return (d / 4 * kKvKeyBlock + slot) * 4 + d % 4; }
 
 // Decode attention over a range of one kv head's keys (flash attention: the softmax kept online):
 // for each of `rows` query rows r (the softmax scale already applied), over keys j in [first, n)
 // counted from the start of the key block `k`:
-//   s_j = q_r . K_j;  m' = max(m_r, max_j s_j);  l_r = l_r exp(m_r - m') + sum_j exp(s_j - m');
+//   s_j = q_r . K_j (q8_0 keys: q_r quantized to q8_0 first, as ggml's q8_0 dot products do, so
+//         that each group of 32 dims is an exact integer sum times the two scales);  m' = max(m_r, max_j s_j);  l_r = l_r exp(m_r - m') + sum_j exp(s_j - m');
 //   o_r = o_r exp(m_r - m') + sum_j exp(s_j - m') V_j;  m_r = m'.
 // Keys of a block outside [first, n) are never read into the sums (their entries may hold
 // anything). A caller starts a range at m = -inf, l = 0, o = 0 and merges ranges by their (m, l).
-// rows <= kAttendMaxRows; head_dim_v a multiple of 16 (q8_0: both dims multiples of 32).
+// rows <= kAttendMaxRows; head_dim_v a multiple of 16 (q8_0: both dims multiples of 32, dk at
+// most kAttendQ8MaxDim).
 inline constexpr int kAttendMaxRows = 16;
+inline constexpr int64_t kAttendQ8MaxDim = 512;
 struct AttendArgs {
   int rows = 0;
   int64_t dk = 0, dv = 0;
@@ -163,6 +170,9 @@ namespace detail {
 // src/cpu/avx512; called only when the CPU supports the ISA). Plain arrays of kKernelTypeCount
 // entries, indexed by type id, so that those translation units instantiate no shared template.
 void add_avx2_kernels(VecDotFn* vec_dot, QuantizeRowFn* quantize_row);
+// The AVX2 table's q8_0 quantizer (bit-identical to ref::quantize_row_q8_0): the attend kernels
+// of both ISAs quantize the query with it for q8_0 keys.
+void quantize_row_q8_0_avx2(const float* x, void* y, int64_t n);
 // The several-token dot products of vec_dot_avx2.cpp (KernelTable::vec_dot_tokens).
 void add_avx2_vec_dot_tokens(VecDotTokensFn* vec_dot_tokens);
 void add_avx512_kernels(VecDotFn* vec_dot, QuantizeRowFn* quantize_row);

@@ -30,7 +30,7 @@ size_t kv_value_row_bytes(KvType t, int64_t dv) {
 }
 
 bool kv_type_fits(KvType t, int64_t dk, int64_t dv) {
-  return t != KvType::q8_0 || (dk % 32 == 0 && dv % 32 == 0);
+  return t != KvType::q8_0 || (dk % 32 == 0 && dv % 32 == 0 && dk <= kAttendQ8MaxDim);
 }
 
 const char* kv_type_name(KvType t) {
@@ -51,13 +51,12 @@ void kv_store_key(KvType t, const float* k, int64_t dk, uint8_t* block, int64_t 
     auto* b = reinterpret_cast<uint16_t*>(block);
     for (int64_t d = 0; d < dk; ++d) b[d * kb + slot] = f32_to_fp16(k[d]);
   } else {
-    auto* q = reinterpret_cast<int8_t*>(block);
     auto* scales = reinterpret_cast<uint16_t*>(block + dk * kb);
     for (int64_t g = 0; g < dk / 32; ++g) {
       block_q8_0 qb;
       ref::quantize_row_q8_0(k + g * 32, &qb, 32);
       scales[g * kb + slot] = qb.d;
-      for (int64_t i = 0; i < 32; ++i) q[(g * 32 + i) * kb + slot] = qb.qs[i];
+      for (int64_t i = 0; i < 32; ++i) block[kv_q8_key_offset(g * 32 + i, slot)] = uint8_t(qb.qs[i] ^ 0x80);
     }
   }
 }
@@ -80,13 +79,12 @@ void kv_widen_keys(KvType t, const uint8_t* block, int64_t dk, float* out) {
   } else if (t == KvType::f16) {
     cpu_kernels().half_to_float(reinterpret_cast<const uint16_t*>(block), out, dk * kb);
   } else {
-    const auto* q = reinterpret_cast<const int8_t*>(block);
     const auto* scales = reinterpret_cast<const uint16_t*>(block + dk * kb);
     for (int64_t g = 0; g < dk / 32; ++g) {
       float s[kKvKeyBlock];
       for (int64_t j = 0; j < kb; ++j) s[j] = fp16_to_f32(scales[g * kb + j]);
       for (int64_t d = g * 32; d < g * 32 + 32; ++d)
-        for (int64_t j = 0; j < kb; ++j) out[d * kb + j] = float(q[d * kb + j]) * s[j];
+        for (int64_t j = 0; j < kb; ++j) out[d * kb + j] = float(int(block[kv_q8_key_offset(d, j)]) - 128) * s[j];
     }
   }
 }
@@ -105,6 +103,18 @@ void kv_widen_values(KvType t, const uint8_t* rows, size_t row_stride, int64_t n
   }
 }
 
+std::vector<float> kv_query(KvType t, const float* q, int rows, int64_t dk) {
+  std::vector<float> out(q, q + rows * dk);
+  if (t == KvType::q8_0) {
+    std::vector<block_q8_0> b(size_t(dk / 32));
+    for (int r = 0; r < rows; ++r) {
+      ref::quantize_row_q8_0(q + r * dk, b.data(), dk);
+      ref::dequantize_row_q8_0(b.data(), out.data() + r * dk, dk);
+    }
+  }
+  return out;
+}
+
 namespace {
 
 // The reference: each key's score and value widened one at a time, the running state updated
@@ -112,6 +122,7 @@ namespace {
 void attend_ref(KvType t, const AttendArgs& a) {
   const int64_t kb = kKvKeyBlock;
   std::vector<float> kf(size_t(a.dk * kb)), vf(size_t(kb * a.dv));
+  const std::vector<float> q = kv_query(t, a.q, a.rows, a.dk);
   float s[kKvKeyBlock];
   for (int64_t j0 = 0; j0 < a.n; j0 += kb) {
     const int64_t lo = std::max<int64_t>(a.first - j0, 0), hi = std::min<int64_t>(a.n - j0, kb);
@@ -122,7 +133,7 @@ void attend_ref(KvType t, const AttendArgs& a) {
       float mx = -INFINITY;
       for (int64_t j = lo; j < hi; ++j) {
         float acc = 0;
-        for (int64_t d = 0; d < a.dk; ++d) acc += a.q[r * a.dk + d] * kf[size_t(d * kb + j)];
+        for (int64_t d = 0; d < a.dk; ++d) acc += q[size_t(r * a.dk + d)] * kf[size_t(d * kb + j)];
         s[j] = acc;
         mx = std::max(mx, acc);
       }

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "cpu/kernels.h"
 
@@ -13,7 +14,8 @@ namespace strata::cpu {
 // Bytes of one transposed key block (kKvKeyBlock keys of dk dims) and of one value row (dv).
 size_t kv_key_block_bytes(KvType t, int64_t dk);
 size_t kv_value_row_bytes(KvType t, int64_t dv);
-// Whether a cache of type t can hold heads of these dims (q8_0: multiples of 32).
+// Whether a cache of type t can hold heads of these dims (q8_0: multiples of 32, keys of at most
+// kAttendQ8MaxDim dims).
 bool kv_type_fits(KvType t, int64_t dk, int64_t dv);
 // "f32", "f16", "q8_0".
 const char* kv_type_name(KvType t);
@@ -25,6 +27,9 @@ void kv_store_key(KvType t, const float* k, int64_t dk, uint8_t* block, int64_t 
 void kv_store_value(KvType t, const float* v, int64_t dv, uint8_t* row);
 // A key block as floats, [dk][kKvKeyBlock].
 void kv_widen_keys(KvType t, const uint8_t* block, int64_t dk, float* out);
+// The query rows [rows][dk] as the attend kernels multiply them with keys of type t: q8_0 keys
+// take the query quantized to q8_0 (and here widened back); other types take it as it is.
+std::vector<float> kv_query(KvType t, const float* q, int rows, int64_t dk);
 // n value rows (row_stride bytes apart) as floats, [n][dv].
 void kv_widen_values(KvType t, const uint8_t* rows, size_t row_stride, int64_t n, int64_t dv, float* out);
 

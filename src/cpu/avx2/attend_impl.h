@@ -4,7 +4,8 @@
 //
 // Per key block of 32 keys: the scores of up to 4 query rows by 16 keys at a time (8 accumulators:
 // each widened key vector feeds 4 rows), read straight from the cache entries (f16: F16C; q8_0:
-// sign-extended int8 times each key's group scale); the block's softmax step; then the output
+// each key's int8 dims shifted out of its dword, times its group scale, against the query
+// quantized to q8_0 once a call); the block's softmax step; then the output
 // tiles of 4 rows by 16 value columns accumulated over the block's keys, value rows widened as
 // they are read. Nothing is widened into memory, and the block's scores ([rows][32]) stay in L1.
 // The first pass over a block paces the prefetches (simd_common.h PacedPrefetch): its scores
@@ -16,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 
 #include "cpu/avx2/simd_common.h"
 #include "cpu/kernels.h"
@@ -38,7 +40,24 @@ constexpr size_t entry_bytes() {
   return T == KvType::f32 ? 4 : T == KvType::f16 ? 2 : 1;
 }
 
+// The query rows for q8_0 keys: quantized to q8_0 and widened back (kernels.h AttendFn), [rows][dk].
+struct QueryQ8f {
+  float q[kAttendMaxRows * kAttendQ8MaxDim];
+  QueryQ8f(const float* qf, int rows, int64_t dk) {
+    block_q8_0 b[kAttendQ8MaxDim / 32];
+    for (int r = 0; r < rows; ++r) {
+      detail::quantize_row_q8_0_avx2(qf + r * dk, b, dk);
+      for (int64_t g = 0; g < dk / 32; ++g) {
+        const float d = half_to_float(b[g].d);
+        for (int i = 0; i < 32; ++i) q[r * dk + g * 32 + i] = d * float(b[g].qs[i]);
+      }
+    }
+  }
+};
+
 // s[r][c .. c + 16) = q_r . K_j for the R rows of q ([R][dk]) and keys c .. c + 15 of the block.
+// q8_0 keys (4 dims of a key a dword): each dword's bytes shifted out in turn, so 8 keys' dim d
+// as 8 lanes; pf.step() dk / 4 times (f32 / f16: dk times).
 template <KvType T, int R>
 void scores_tile(const float* q, int64_t dk, const uint8_t* blk, int64_t c, float* s, PacedPrefetch& pf) {
   constexpr size_t es = entry_bytes<T>();
@@ -53,13 +72,20 @@ void scores_tile(const float* q, int64_t dk, const uint8_t* blk, int64_t c, floa
   };
   if constexpr (T == KvType::q8_0) {
     const uint8_t* scales = blk + dk * kAttendBlock;  // halves [dk / 32][32]
+    const __m256i flip = _mm256_set1_epi8(char(0x80));  // offset bytes -> int8
+    auto dim = [](__m256i x, int t, __m256 sc) {  // byte t of each dword, sign-extended, scaled
+      const __m256i b = t == 3 ? x : _mm256_slli_epi32(x, 24 - 8 * t);
+      return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srai_epi32(b, 24)), sc);
+    };
     for (int64_t g = 0; g < dk / 32; ++g) {
       const uint8_t* sg = scales + size_t(g * kAttendBlock + c) * 2;
       const __m256 sc0 = _mm256_cvtph_ps(load16(sg)), sc1 = _mm256_cvtph_ps(load16(sg + 16));
-      for (int64_t d = g * 32; d < g * 32 + 32; ++d) {
-        const uint8_t* row = blk + size_t(d * kAttendBlock + c);
+      for (int64_t u = g * 8; u < g * 8 + 8; ++u) {
+        const uint8_t* p = blk + size_t(u * kAttendBlock + c) * 4;
+        const __m256i x0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), flip);
+        const __m256i x1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)), flip);
         pf.step();
-        step(d, _mm256_mul_ps(load8<T>(row), sc0), _mm256_mul_ps(load8<T>(row + 8), sc1));
+        for (int t = 0; t < 4; ++t) step(u * 4 + t, dim(x0, t, sc0), dim(x1, t, sc1));
       }
     }
   } else {
@@ -113,13 +139,14 @@ void values_tile(const float* p, int64_t lo, int64_t hi, const uint8_t* v, size_
 }
 
 template <KvType T, int R>
-void rows_block(const AttendArgs& a, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
+void rows_block(const AttendArgs& a, const float* q, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
   const uint8_t* blk = a.k + size_t(j0 / kAttendBlock) * a.k_block_stride;
   const uint8_t* v = a.v + size_t(j0) * a.v_row_stride;
   const bool lead = r0 == 0;  // the pass that prefetches
-  PacedPrefetch pf = lead ? value_rows_prefetch(a, j0, lo, hi, 2 * a.dk) : PacedPrefetch();
+  PacedPrefetch pf =
+      lead ? value_rows_prefetch(a, j0, lo, hi, T == KvType::q8_0 ? a.dk / 2 : 2 * a.dk) : PacedPrefetch();
   for (int64_t c = 0; c < kAttendBlock; c += 16)
-    scores_tile<T, R>(a.q + r0 * a.dk, a.dk, blk, c, s + r0 * kAttendBlock, pf);
+    scores_tile<T, R>(q + r0 * a.dk, a.dk, blk, c, s + r0 * kAttendBlock, pf);
   // the block's softmax step for each row: keys outside [lo, hi) weigh 0
   for (int r = r0; r < r0 + R; ++r) {
     float* sr = s + r * kAttendBlock;
@@ -155,15 +182,18 @@ void rows_block(const AttendArgs& a, int r0, int64_t j0, int64_t lo, int64_t hi,
 template <KvType T>
 void attend_simd(const AttendArgs& a) {
   alignas(32) float s[kAttendMaxRows * kAttendBlock];
+  std::optional<QueryQ8f> qq;
+  if constexpr (T == KvType::q8_0) qq.emplace(a.q, a.rows, a.dk);
+  const float* q = qq ? qq->q : a.q;
   for (int64_t j0 = 0; j0 < a.n; j0 += kAttendBlock) {
     const int64_t lo = std::max<int64_t>(a.first - j0, 0), hi = std::min<int64_t>(a.n - j0, kAttendBlock);
     if (lo >= hi) continue;
     for (int r0 = 0; r0 < a.rows; r0 += 4) {
       switch (std::min(4, a.rows - r0)) {
-        case 1: rows_block<T, 1>(a, r0, j0, lo, hi, s); break;
-        case 2: rows_block<T, 2>(a, r0, j0, lo, hi, s); break;
-        case 3: rows_block<T, 3>(a, r0, j0, lo, hi, s); break;
-        default: rows_block<T, 4>(a, r0, j0, lo, hi, s); break;
+        case 1: rows_block<T, 1>(a, q, r0, j0, lo, hi, s); break;
+        case 2: rows_block<T, 2>(a, q, r0, j0, lo, hi, s); break;
+        case 3: rows_block<T, 3>(a, q, r0, j0, lo, hi, s); break;
+        default: rows_block<T, 4>(a, q, r0, j0, lo, hi, s); break;
       }
     }
   }

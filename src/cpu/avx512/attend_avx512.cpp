@@ -4,8 +4,9 @@
 // block's keys and values are loaded and widened once for all of them; the 256-bit kernels of
 // ../avx2/attend_impl.h take 4 rows a pass and widen every entry twice for such a group):
 //   scores: the 32 keys as two 16-wide vectors, 2 accumulators a row (16 of the 32 registers),
-//           each widened key vector feeding every row (f16: vcvtph2ps; q8_0: sign-extended int8
-//           times each key's group scale);
+//           each widened key vector feeding every row (f16: vcvtph2ps); q8_0 keys in integers:
+//           the query quantized to q8_0 once a call, then per 16 keys and group of 32 dims 8
+//           vpdpbusd a row (4 dims a lane), the exact sums times the two scales;
 //   the block's online-softmax step per row;
 //   values: output tiles of 8 rows by 32 value columns accumulated over the block's keys, value
 //           rows widened as they are read.
@@ -24,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 
 #include "cpu/avx2/simd_common.h"
 #include "cpu/avx512/exp512.h"
@@ -49,7 +51,58 @@ constexpr size_t entry_bytes() {
   return T == KvType::f32 ? 4 : T == KvType::f16 ? 2 : 1;
 }
 
-// s[r][0 .. 32) = q_r . K_j for the R rows of q ([R][dk]) and the block's 32 keys.
+// The query rows quantized to q8_0 for q8_0 keys (kernels.h AttendFn): per row and group of 32
+// dims, the int8 values, the scale, and -128 times the values' sum (the keys are stored offset by
+// 128, so each group's dword sums start there).
+struct QueryQ8 {
+  int8_t q[kAttendMaxRows][kAttendQ8MaxDim];
+  float d[kAttendMaxRows][kAttendQ8MaxDim / 32];
+  int32_t off[kAttendMaxRows][kAttendQ8MaxDim / 32];
+  QueryQ8(const float* qf, int rows, int64_t dk) {
+    block_q8_0 b[kAttendQ8MaxDim / 32];
+    for (int r = 0; r < rows; ++r) {
+      detail::quantize_row_q8_0_avx2(qf + r * dk, b, dk);
+      for (int64_t g = 0; g < dk / 32; ++g) {
+        int32_t sum = 0;
+        for (int i = 0; i < 32; ++i) sum += (q[r][g * 32 + i] = b[g].qs[i]);
+        d[r][g] = half_to_float(b[g].d);
+        off[r][g] = -128 * sum;
+      }
+    }
+  }
+};
+
+// s[r][0 .. 32) = q_r . K_j for the R rows of q and the block's 32 keys, q8_0 keys: per half of
+// the block (16 keys, 16 int32 lanes), each group of 32 dims as 8 vpdpbusd of the keys' offset
+// bytes (4 dims a lane) against the row's 4 int8 values broadcast, the exact sum then times the
+// key's and the row's scales. pf.step() dk / 2 times.
+template <int R>
+void scores_block_q8(const QueryQ8& qq, int r0, int64_t dk, const uint8_t* blk, float* s, PacedPrefetch& pf) {
+  const uint8_t* scales = blk + dk * kBlock;  // halves [dk / 32][32]
+  for (int h = 0; h < 2; ++h) {
+    __m512 tot[R];
+    for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < dk / 32; ++g) {
+      __m512i acc[R];
+      for (int r = 0; r < R; ++r) acc[r] = _mm512_set1_epi32(qq.off[r0 + r][g]);
+      for (int64_t u = 0; u < 8; ++u) {
+        const __m512i k = _mm512_loadu_si512(blk + ((g * 8 + u) * kBlock + 16 * h) * 4);
+        pf.step();
+        for (int r = 0; r < R; ++r) {
+          int32_t q4;
+          __builtin_memcpy(&q4, &qq.q[r0 + r][g * 32 + u * 4], 4);
+          acc[r] = _mm512_dpbusd_epi32(acc[r], k, _mm512_set1_epi32(q4));
+        }
+      }
+      const __m512 ks = _mm512_cvtph_ps(load32(scales + size_t(g * kBlock + 16 * h) * 2));
+      for (int r = 0; r < R; ++r)
+        tot[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_mul_ps(ks, _mm512_set1_ps(qq.d[r0 + r][g])), tot[r]);
+    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(s + r * kBlock + 16 * h, tot[r]);
+  }
+}
+
+// s[r][0 .. 32) = q_r . K_j for the R rows of q ([R][dk]) and the block's 32 keys (f32, f16).
 template <KvType T, int R>
 void scores_block(const float* q, int64_t dk, const uint8_t* blk, float* s, PacedPrefetch& pf) {
   __m512 a0[R], a1[R];
@@ -61,24 +114,11 @@ void scores_block(const float* q, int64_t dk, const uint8_t* blk, float* s, Pace
       a1[r] = _mm512_fmadd_ps(b, k1, a1[r]);
     }
   };
-  if constexpr (T == KvType::q8_0) {
-    const uint8_t* scales = blk + dk * kBlock;  // halves [dk / 32][32]
-    for (int64_t g = 0; g < dk / 32; ++g) {
-      const uint8_t* sg = scales + size_t(g * kBlock) * 2;
-      const __m512 sc0 = _mm512_cvtph_ps(load32(sg)), sc1 = _mm512_cvtph_ps(load32(sg + 32));
-      for (int64_t d = g * 32; d < g * 32 + 32; ++d) {
-        const uint8_t* row = blk + size_t(d * kBlock);
-        pf.step();
-        step(d, _mm512_mul_ps(load16f<T>(row), sc0), _mm512_mul_ps(load16f<T>(row + 16), sc1));
-      }
-    }
-  } else {
-    constexpr size_t es = entry_bytes<T>();
-    for (int64_t d = 0; d < dk; ++d) {
-      const uint8_t* row = blk + size_t(d * kBlock) * es;
-      pf.step();
-      step(d, load16f<T>(row), load16f<T>(row + 16 * es));
-    }
+  constexpr size_t es = entry_bytes<T>();
+  for (int64_t d = 0; d < dk; ++d) {
+    const uint8_t* row = blk + size_t(d * kBlock) * es;
+    pf.step();
+    step(d, load16f<T>(row), load16f<T>(row + 16 * es));
   }
   for (int r = 0; r < R; ++r) {
     _mm512_storeu_ps(s + r * kBlock, a0[r]);
@@ -120,12 +160,14 @@ void values_tile(const float* p, int64_t lo, int64_t hi, const uint8_t* v, size_
 }
 
 template <KvType T, int R>
-void rows_block(const AttendArgs& a, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
+void rows_block(const AttendArgs& a, const QueryQ8* qq, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
   const uint8_t* blk = a.k + size_t(j0 / kBlock) * a.k_block_stride;
   const uint8_t* v = a.v + size_t(j0) * a.v_row_stride;
   const bool lead = r0 == 0;  // the pass that prefetches
-  PacedPrefetch pf = lead ? value_rows_prefetch(a, j0, lo, hi, a.dk) : PacedPrefetch();
-  scores_block<T, R>(a.q + r0 * a.dk, a.dk, blk, s + r0 * kBlock, pf);
+  PacedPrefetch pf =
+      lead ? value_rows_prefetch(a, j0, lo, hi, T == KvType::q8_0 ? a.dk / 2 : a.dk) : PacedPrefetch();
+  if constexpr (T == KvType::q8_0) scores_block_q8<R>(*qq, r0, a.dk, blk, s + r0 * kBlock, pf);
+  else scores_block<T, R>(a.q + r0 * a.dk, a.dk, blk, s + r0 * kBlock, pf);
   // the block's softmax step for each row: keys outside [lo, hi) weigh 0
   const __mmask32 live = __mmask32((hi - lo >= 32 ? ~0u : ((1u << (hi - lo)) - 1)) << lo);
   for (int r = r0; r < r0 + R; ++r) {
@@ -155,20 +197,23 @@ void rows_block(const AttendArgs& a, int r0, int64_t j0, int64_t lo, int64_t hi,
 }
 
 template <KvType T, int R>
-void rows_pass(const AttendArgs& a, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
+void rows_pass(const AttendArgs& a, const QueryQ8* qq, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
   if constexpr (R > 1) {
-    if (a.rows - r0 < R) return rows_pass<T, R - 1>(a, r0, j0, lo, hi, s);
+    if (a.rows - r0 < R) return rows_pass<T, R - 1>(a, qq, r0, j0, lo, hi, s);
   }
-  rows_block<T, R>(a, r0, j0, lo, hi, s);
+  rows_block<T, R>(a, qq, r0, j0, lo, hi, s);
 }
 
 template <KvType T>
 void attend_avx512(const AttendArgs& a) {
   alignas(64) float s[kAttendMaxRows * kBlock];
+  std::optional<QueryQ8> qq;
+  if constexpr (T == KvType::q8_0) qq.emplace(a.q, a.rows, a.dk);
   for (int64_t j0 = 0; j0 < a.n; j0 += kBlock) {
     const int64_t lo = std::max<int64_t>(a.first - j0, 0), hi = std::min<int64_t>(a.n - j0, kBlock);
     if (lo >= hi) continue;
-    for (int r0 = 0; r0 < a.rows; r0 += kRowsPerPass) rows_pass<T, kRowsPerPass>(a, r0, j0, lo, hi, s);
+    for (int r0 = 0; r0 < a.rows; r0 += kRowsPerPass)
+      rows_pass<T, kRowsPerPass>(a, qq ? &*qq : nullptr, r0, j0, lo, hi, s);
   }
 }
 
