@@ -126,26 +126,25 @@ void scores_block(const float* q, int64_t dk, const uint8_t* blk, float* s, Pace
   }
 }
 
-// o[r][c0 .. c0 + 16 C) += sum over keys j in [lo, hi) of p[r][j] V_j (C = 1 or 2 vectors of
-// columns): R rows, value rows of the block's keys at v (row_stride bytes apart).
+// o[r][c0 .. c0 + 16 C) = o[r][..] corr[r] + sum over keys j in [lo, hi) of p[r][j] V_j (C = 1 or
+// 2 vectors of columns): R rows, value rows of the block's keys at v (row_stride bytes apart).
 template <KvType T, int R, int C>
-void values_tile(const float* p, int64_t lo, int64_t hi, const uint8_t* v, size_t row_stride, int64_t c0, float* o,
-                 int64_t dv, PacedPrefetch& pf) {
+__attribute__((noinline)) void values_tile(const float* p, const float* corr, int64_t lo, int64_t hi, const uint8_t* v, size_t row_stride,
+                 int64_t c0, float* o, int64_t dv, PacedPrefetch& pf) {
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_loadu_ps(o + r * dv + c0 + 16 * c);
+    for (int c = 0; c < C; ++c)
+      acc[r][c] = _mm512_mul_ps(_mm512_loadu_ps(o + r * dv + c0 + 16 * c), _mm512_set1_ps(corr[r]));
   for (int64_t j = lo; j < hi; ++j) {
     const uint8_t* row = v + size_t(j) * row_stride;
     pf.step();
     __m512 vv[C];
     if constexpr (T == KvType::q8_0) {
-      // c0 is a multiple of 16: the 16 columns c0 + 16 c lie in one block of 32
-      for (int c = 0; c < C; ++c) {
-        const int64_t col = c0 + 16 * c;
-        const auto* b = reinterpret_cast<const block_q8_0*>(row) + col / 32;
-        vv[c] = _mm512_mul_ps(load16f<T>(reinterpret_cast<const uint8_t*>(b->qs) + col % 32),
-                              _mm512_set1_ps(half_to_float(b->d)));
-      }
+      // q8_0 rows are whole blocks of 32 (dv % 32 == 0), so c0 is a multiple of 32 and the
+      // tile's columns lie in one block: one scale
+      const auto* b = reinterpret_cast<const block_q8_0*>(row) + c0 / 32;
+      const __m512 d = _mm512_set1_ps(half_to_float(b->d));
+      for (int c = 0; c < C; ++c) vv[c] = _mm512_mul_ps(load16f<T>(reinterpret_cast<const uint8_t*>(b->qs) + 16 * c), d);
     } else {
       constexpr size_t es = entry_bytes<T>();
       for (int c = 0; c < C; ++c) vv[c] = load16f<T>(row + size_t(c0 + 16 * c) * es);
@@ -168,32 +167,37 @@ void rows_block(const AttendArgs& a, const QueryQ8* qq, int r0, int64_t j0, int6
       lead ? value_rows_prefetch(a, j0, lo, hi, T == KvType::q8_0 ? a.dk / 2 : a.dk) : PacedPrefetch();
   if constexpr (T == KvType::q8_0) scores_block_q8<R>(*qq, r0, a.dk, blk, s + r0 * kBlock, pf);
   else scores_block<T, R>(a.q + r0 * a.dk, a.dk, blk, s + r0 * kBlock, pf);
-  // the block's softmax step for each row: keys outside [lo, hi) weigh 0
+  // the block's softmax step for each row, without branches: keys outside [lo, hi) weigh 0; the
+  // rows' corrections exp(m - m') in one vector (m = -inf gives 0), applied to o as the value
+  // tiles load it
   const __mmask32 live = __mmask32((hi - lo >= 32 ? ~0u : ((1u << (hi - lo)) - 1)) << lo);
-  for (int r = r0; r < r0 + R; ++r) {
-    float* sr = s + r * kBlock;
-    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+  alignas(64) float m_old[16] = {}, m_new[16] = {}, corr[16];
+  const __m512 ninf = _mm512_set1_ps(-INFINITY);
+  for (int r = 0; r < R; ++r) {
+    float* sr = s + (r0 + r) * kBlock;
     const __m512 s0 = _mm512_mask_blend_ps(__mmask16(live), ninf, _mm512_loadu_ps(sr));
     const __m512 s1 = _mm512_mask_blend_ps(__mmask16(live >> 16), ninf, _mm512_loadu_ps(sr + 16));
-    const float m_new = std::max(a.m[r], _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)));
-    const float corr = a.m[r] == -INFINITY ? 0.0f : std::exp(a.m[r] - m_new);
-    const __m512 mm = _mm512_set1_ps(m_new);
-    const __m512 e0 = exp16(_mm512_sub_ps(s0, mm)), e1 = exp16(_mm512_sub_ps(s1, mm));  // masked keys weigh 0
+    _mm512_storeu_ps(sr, s0);
+    _mm512_storeu_ps(sr + 16, s1);
+    m_old[r] = a.m[r0 + r];
+    m_new[r] = std::max(m_old[r], _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)));
+  }
+  _mm512_store_ps(corr, exp16(_mm512_sub_ps(_mm512_load_ps(m_old), _mm512_load_ps(m_new))));
+  for (int r = 0; r < R; ++r) {
+    float* sr = s + (r0 + r) * kBlock;
+    const __m512 mm = _mm512_set1_ps(m_new[r]);
+    const __m512 e0 = exp16(_mm512_sub_ps(_mm512_loadu_ps(sr), mm)), e1 = exp16(_mm512_sub_ps(_mm512_loadu_ps(sr + 16), mm));
     _mm512_storeu_ps(sr, e0);
     _mm512_storeu_ps(sr + 16, e1);
-    a.l[r] = a.l[r] * corr + _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
-    a.m[r] = m_new;
-    if (corr != 1.0f) {
-      const __m512 cv = _mm512_set1_ps(corr);
-      float* o = a.o + r * a.dv;
-      for (int64_t i = 0; i < a.dv; i += 16) _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_loadu_ps(o + i), cv));
-    }
+    a.l[r0 + r] = a.l[r0 + r] * corr[r] + _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
+    a.m[r0 + r] = m_new[r];
   }
   pf = lead ? next_key_block_prefetch(a, j0, (a.dv + 31) / 32 * (hi - lo)) : PacedPrefetch();
   int64_t c0 = 0;
   for (; c0 + 32 <= a.dv; c0 += 32)
-    values_tile<T, R, 2>(s + r0 * kBlock, lo, hi, v, a.v_row_stride, c0, a.o + r0 * a.dv, a.dv, pf);
-  if (c0 < a.dv) values_tile<T, R, 1>(s + r0 * kBlock, lo, hi, v, a.v_row_stride, c0, a.o + r0 * a.dv, a.dv, pf);
+    values_tile<T, R, 2>(s + r0 * kBlock, corr, lo, hi, v, a.v_row_stride, c0, a.o + r0 * a.dv, a.dv, pf);
+  if (c0 < a.dv)
+    values_tile<T, R, 1>(s + r0 * kBlock, corr, lo, hi, v, a.v_row_stride, c0, a.o + r0 * a.dv, a.dv, pf);
 }
 
 template <KvType T, int R>
