@@ -101,15 +101,16 @@ void scores_tile(const float* q, int64_t dk, const uint8_t* blk, int64_t c, floa
   }
 }
 
-// o[r][c0 .. c0 + 16) += sum over keys j in [lo, hi) of p[r][j] V_j: R rows, value rows of the
-// block's keys at v (row_stride bytes apart).
+// o[r][c0 .. c0 + 16) = o[r][..] corr[r] + sum over keys j in [lo, hi) of p[r][j] V_j: R rows,
+// value rows of the block's keys at v (row_stride bytes apart).
 template <KvType T, int R>
-void values_tile(const float* p, int64_t lo, int64_t hi, const uint8_t* v, size_t row_stride, int64_t c0, float* o,
-                 int64_t dv, PacedPrefetch& pf) {
+void values_tile(const float* p, const float* corr, int64_t lo, int64_t hi, const uint8_t* v, size_t row_stride,
+                 int64_t c0, float* o, int64_t dv, PacedPrefetch& pf) {
   __m256 a0[R], a1[R];
   for (int r = 0; r < R; ++r) {
-    a0[r] = _mm256_loadu_ps(o + r * dv + c0);
-    a1[r] = _mm256_loadu_ps(o + r * dv + c0 + 8);
+    const __m256 cr = _mm256_set1_ps(corr[r]);
+    a0[r] = _mm256_mul_ps(_mm256_loadu_ps(o + r * dv + c0), cr);
+    a1[r] = _mm256_mul_ps(_mm256_loadu_ps(o + r * dv + c0 + 8), cr);
   }
   for (int64_t j = lo; j < hi; ++j) {
     const uint8_t* row = v + size_t(j) * row_stride;
@@ -147,9 +148,12 @@ void rows_block(const AttendArgs& a, const float* q, int r0, int64_t j0, int64_t
       lead ? value_rows_prefetch(a, j0, lo, hi, T == KvType::q8_0 ? a.dk / 2 : 2 * a.dk) : PacedPrefetch();
   for (int64_t c = 0; c < kAttendBlock; c += 16)
     scores_tile<T, R>(q + r0 * a.dk, a.dk, blk, c, s + r0 * kAttendBlock, pf);
-  // the block's softmax step for each row: keys outside [lo, hi) weigh 0
-  for (int r = r0; r < r0 + R; ++r) {
-    float* sr = s + r * kAttendBlock;
+  // the block's softmax step for each row, without branches: keys outside [lo, hi) weigh 0; the
+  // rows' corrections exp(m - m') in one vector (m = -inf gives 0), applied to o as the value
+  // tiles load it
+  alignas(32) float m_old[8] = {}, m_new[8] = {}, corr[8];
+  for (int r = 0; r < R; ++r) {
+    float* sr = s + (r0 + r) * kAttendBlock;
     std::fill(sr, sr + lo, -INFINITY);
     std::fill(sr + hi, sr + kAttendBlock, -INFINITY);
     __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_loadu_ps(sr), _mm256_loadu_ps(sr + 8)),
@@ -157,26 +161,25 @@ void rows_block(const AttendArgs& a, const float* q, int r0, int64_t j0, int64_t
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float m_new = std::max(a.m[r], _mm_cvtss_f32(m4));
-    const float corr = a.m[r] == -INFINITY ? 0.0f : std::exp(a.m[r] - m_new);
-    const __m256 mm = _mm256_set1_ps(m_new);
+    m_old[r] = a.m[r0 + r];
+    m_new[r] = std::max(m_old[r], _mm_cvtss_f32(m4));
+  }
+  _mm256_store_ps(corr, exp8(_mm256_sub_ps(_mm256_load_ps(m_old), _mm256_load_ps(m_new))));
+  for (int r = 0; r < R; ++r) {
+    float* sr = s + (r0 + r) * kAttendBlock;
+    const __m256 mm = _mm256_set1_ps(m_new[r]);
     __m256 sum = _mm256_setzero_ps();
     for (int64_t j = 0; j < kAttendBlock; j += 8) {
       const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mm));
       _mm256_storeu_ps(sr + j, e);
       sum = _mm256_add_ps(sum, e);
     }
-    a.l[r] = a.l[r] * corr + hsum(sum);
-    a.m[r] = m_new;
-    if (corr != 1.0f) {
-      const __m256 cv = _mm256_set1_ps(corr);
-      float* o = a.o + r * a.dv;
-      for (int64_t i = 0; i < a.dv; i += 8) _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(o + i), cv));
-    }
+    a.l[r0 + r] = a.l[r0 + r] * corr[r] + hsum(sum);
+    a.m[r0 + r] = m_new[r];
   }
   pf = lead ? next_key_block_prefetch(a, j0, a.dv / 16 * (hi - lo)) : PacedPrefetch();
   for (int64_t c0 = 0; c0 < a.dv; c0 += 16)
-    values_tile<T, R>(s + r0 * kAttendBlock, lo, hi, v, a.v_row_stride, c0, a.o + r0 * a.dv, a.dv, pf);
+    values_tile<T, R>(s + r0 * kAttendBlock, corr, lo, hi, v, a.v_row_stride, c0, a.o + r0 * a.dv, a.dv, pf);
 }
 
 template <KvType T>
