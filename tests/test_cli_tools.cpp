@@ -84,6 +84,18 @@ TEST(CliTools, BenchJsonAndConfigErrors) {
   EXPECT_EQ(j[1]["test"], "pp16");
   EXPECT_EQ(j[2]["test"], "tg4");
   EXPECT_EQ(j[2]["samples_ts"].size(), 2u);
+  // a list of depths: each test at each, in order, and in the table each depth against the first
+  ASSERT_EQ(test::run_cli("bench -p 0 -n 2 -d 0,8 -r 2 --json", &out, true), 0) << out;
+  const auto jd = nlohmann::json::parse(out);
+  ASSERT_EQ(jd.size(), 2u);
+  EXPECT_EQ(jd[0]["n_depth"], 0);
+  EXPECT_EQ(jd[1]["n_depth"], 8);
+  EXPECT_EQ(jd[1]["samples_ts"].size(), 2u);
+  ASSERT_EQ(test::run_cli("bench -p 0 -n 2 -d 0,8 -r 2", &out, true), 0) << out;
+  EXPECT_NE(out.find("tg2 @ d8"), std::string::npos) << out;
+  EXPECT_NE(out.find("x of depth 0's tok/s"), std::string::npos) << out;
+  EXPECT_EQ(test::run_cli("bench --speculative -d 0,8", &out), 1);
+  EXPECT_NE(out.find("one --depth"), std::string::npos) << out;
   // config errors: one line naming the key, exit 1
   EXPECT_EQ(test::run_cli("run -n 2 --set budgets.rma=1", &out), 1);
   EXPECT_NE(out.find("unknown key 'budgets.rma'"), std::string::npos) << out;

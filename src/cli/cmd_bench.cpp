@@ -1,10 +1,11 @@
 // strata bench: prefill and decode speed, as a table like llama-bench's. Without -p / -n it runs
 // the standard sweep: prompt 512 and 4096 (pp), decode 128 (tg) with 1 and 4 sequences decoded
-// together (the server's continuous batching). Each test runs in a fresh session
-// (after --depth tokens of context, evaluated once) on random tokens: an untimed warm-up pass
-// (unless --no-warmup), then --reps timed ones; the table gives the median and standard deviation
-// of tok/s and compares each test with the machine's limit measured around it (DRAM roofline for
-// decode, int8 peak for prefill: shared machines drift).
+// together (the server's continuous batching). Each test runs at each --depth (tokens of context,
+// evaluated once) in a fresh session on random tokens: an untimed warm-up pass (unless
+// --no-warmup), then --reps timed ones, the depths' repetitions taken in turn (so that a ratio
+// between depths compares passes of the same minute); the table gives the median and standard
+// deviation of tok/s and compares each test with the machine's limit measured around it (DRAM
+// roofline for decode, int8 peak for prefill: shared machines drift).
 
 #include <nlohmann/json.hpp>
 
@@ -42,7 +43,7 @@ struct BenchOptions {
   std::vector<int> n_prompt;  // empty (with n_gen empty): the standard sweep
   std::vector<int> n_gen;
   std::vector<int> streams;  // decode tests: sequences decoded together; empty: 1 (sweep: 1 and 4)
-  int depth = 0;
+  std::vector<int> depths;  // tokens of context before each test; empty: 0
   int reps = 3;
   bool no_warmup = false;  // no untimed pass before each test's repetitions
   bool profile = false;
@@ -66,6 +67,7 @@ struct Test {
 
 struct TestResult {
   Test test;
+  int64_t depth = 0;
   std::vector<double> tok_per_s;
   double warmup_tok_per_s = 0;  // the untimed pass before the repetitions (0: --no-warmup)
   double limit_fraction = 0;  // of the mean of the probes taken around the last repetition
@@ -387,7 +389,8 @@ int run_bench(const BenchOptions& o) {
   }
   if (o.speculative) {
     SpeculativeBenchOptions so;
-    so.depth = o.depth > 0 ? o.depth : so.depth;
+    if (o.depths.size() > 1) return fail("bench --speculative: one --depth, not a list");
+    so.depth = !o.depths.empty() && o.depths[0] > 0 ? o.depths[0] : so.depth;
     so.steps = o.n_gen.empty() ? so.steps : std::max(1, o.n_gen[0]);
     so.max_k = o.draft_max;
     so.gen_tokens = o.spec_gen;
@@ -408,28 +411,40 @@ int run_bench(const BenchOptions& o) {
   const Arch arch = m.hparams().arch;
   const bool kv_read_counted = m.hparams().n_swa == 0 && arch != Arch::deepseek4 && arch != Arch::deepseek41;
   double kv_read_per_token = 0;  // the last decode test's
-  for (const Test& t : tests) {
-    TestResult r;
-    r.test = t;
-    const int64_t need = o.depth + t.n + 1;
-    if (need > ctx_limit) {
-      std::fprintf(stderr, "strata bench: %s skipped: %lld tokens exceed the context of %lld\n", t.name().c_str(),
-                   static_cast<long long>(need), static_cast<long long>(ctx_limit));
-      continue;
-    }
-    std::vector<int32_t> tokens(size_t(o.depth + t.n));
-    for (auto& id : tokens) id = int32_t(rng() % uint32_t(m.hparams().n_vocab));
-    // decode tests step `streams` sequences together; prefill tests use the first only. The
-    // --depth context is evaluated once; each pass starts again from it (truncate, or the part a
-    // compressor ring cannot resume evaluated again)
+  const std::vector<int> depths = o.depths.empty() ? std::vector<int>{0} : o.depths;
+  // one test at one depth: its sessions (decode tests step `streams` sequences together; prefill
+  // tests use the first only), each evaluated to the depth once, and its random tokens
+  struct DepthRun {
+    int64_t depth = 0;
+    std::vector<int32_t> tokens;
     std::vector<std::unique_ptr<Session>> seqs;
-    for (int i = 0; i < (t.prefill ? 1 : t.streams); ++i)
-      seqs.push_back(std::make_unique<Session>(engine, int(need), cpu::MatmulPath::quantized, engine.config().kv_type));
-    auto back_to_depth = [&]() -> Status {
-      for (auto& q : seqs) {
-        const int64_t kept = q->n_past() > o.depth ? q->truncate(o.depth) : q->n_past();
-        if (kept < o.depth) {
-          auto l = q->eval(std::span<const int32_t>(tokens.data() + kept, size_t(o.depth - kept)));
+    TestResult r;
+  };
+  for (const Test& t : tests) {
+    std::vector<DepthRun> runs;
+    for (int d : depths) {
+      const int64_t need = d + t.n + 1;
+      if (need > ctx_limit) {
+        std::fprintf(stderr, "strata bench: %s at depth %d skipped: %lld tokens exceed the context of %lld\n",
+                     t.name().c_str(), d, static_cast<long long>(need), static_cast<long long>(ctx_limit));
+        continue;
+      }
+      DepthRun& run = runs.emplace_back();
+      run.depth = d;
+      run.r.test = t;
+      run.r.depth = d;
+      run.tokens.resize(size_t(d + t.n));
+      for (auto& id : run.tokens) id = int32_t(rng() % uint32_t(m.hparams().n_vocab));
+      for (int i = 0; i < (t.prefill ? 1 : t.streams); ++i)
+        run.seqs.push_back(std::make_unique<Session>(engine, int(need), cpu::MatmulPath::quantized, engine.config().kv_type));
+    }
+    // each pass starts again from the depth's context (truncate, or the part a compressor ring
+    // cannot resume evaluated again)
+    auto back_to_depth = [&](DepthRun& run) -> Status {
+      for (auto& q : run.seqs) {
+        const int64_t kept = q->n_past() > run.depth ? q->truncate(run.depth) : q->n_past();
+        if (kept < run.depth) {
+          auto l = q->eval(std::span<const int32_t>(run.tokens.data() + kept, size_t(run.depth - kept)));
           if (!l) return l.error();
           q->checkpoint();
         }
@@ -437,21 +452,21 @@ int run_bench(const BenchOptions& o) {
       return Status::success();
     };
     // one pass of the test (n tokens: the prompt, or decode steps); seconds
-    auto run_pass = [&](int pass, int n) -> Result<double> {
-      STRATA_TRY(back_to_depth());
-      Session& s = *seqs[0];
+    auto run_pass = [&](DepthRun& run, int pass, int n) -> Result<double> {
+      STRATA_TRY(back_to_depth(run));
+      Session& s = *run.seqs[0];
       const auto t0 = std::chrono::steady_clock::now();
       if (t.prefill) {
-        auto l = s.eval(std::span<const int32_t>(tokens.data() + o.depth, size_t(n)));
+        auto l = s.eval(std::span<const int32_t>(run.tokens.data() + run.depth, size_t(n)));
         if (!l) return l.error();
       } else {
         std::vector<Session*> batch;
         std::vector<std::vector<int32_t>> next;
-        for (size_t i = 0; i < seqs.size(); ++i) {
-          batch.push_back(seqs[i].get());
+        for (size_t i = 0; i < run.seqs.size(); ++i) {
+          batch.push_back(run.seqs[i].get());
           // each pass starts from another token: the same greedy walk again would find every
           // Engram row (and more experts) cached from the last one
-          next.push_back({tokens[(size_t(o.depth) + i + size_t(pass + 1) * 7919) % tokens.size()]});
+          next.push_back({run.tokens[(size_t(run.depth) + i + size_t(pass + 1) * 7919) % run.tokens.size()]});
         }
         const size_t V = size_t(m.hparams().n_vocab);
         for (int i = 0; i < n; ++i) {
@@ -465,75 +480,93 @@ int run_bench(const BenchOptions& o) {
     // the warm-up pass, untimed as llama-bench's: the first pass after loading pays for pages
     // and buffers touched for the first time (a prefill's whole length; decode: a few steps)
     if (!o.no_warmup) {
-      const int n = t.prefill ? t.n : std::min(t.n, 4);
-      auto sec = run_pass(-1, n);
-      if (!sec) return fail(sec.error().message);
-      r.warmup_tok_per_s = double(n) * (t.prefill ? 1 : t.streams) / *sec;
+      for (DepthRun& run : runs) {
+        const int n = t.prefill ? t.n : std::min(t.n, 4);
+        auto sec = run_pass(run, -1, n);
+        if (!sec) return fail(sec.error().message);
+        run.r.warmup_tok_per_s = double(n) * (t.prefill ? 1 : t.streams) / *sec;
+      }
     }
     for (int rep = 0; rep < o.reps; ++rep) {
-      // the machine's limit around the timed part: probed just before and just after, the mean
-      // taken (this VM's bandwidth moves by 2x within minutes; one probe before a run that lasts
-      // seconds missed phase changes in both directions)
-      if (auto st = back_to_depth(); !st.ok()) return fail(st.error().message);
-      auto probe = [&] { return t.prefill ? cpu::measure_int8_peak_gops(pool) : cpu::measure_read_gbps(pool); };
-      const double limit_before = probe();
-      if (store != nullptr) store->reset_stats();
-      if (engine.engram_store() != nullptr) engine.engram_store()->reset_stats();
-      prof::reset();
-      const GpuTier::Stats gpu_before = engine.gpu_tier() ? engine.gpu_tier()->stats() : GpuTier::Stats{};
-      const CudaBackend::Stats cuda_before = cuda != nullptr ? cuda->stats() : CudaBackend::Stats{};
-      prof::enable(o.profile);
-      auto timed = run_pass(rep, t.n);
-      prof::enable(false);
-      if (!timed) return fail(timed.error().message);
-      const double sec = *timed;
-      const double limit = 0.5 * (limit_before + probe());
-      r.tok_per_s.push_back(double(t.n) * (t.prefill ? 1 : t.streams) / sec);
-      if (t.prefill) {
-        // 2 ops per weight per token; the output head runs for the last token only
-        const double out = double(sm.roles[int(TensorRole::output)].n_params);
-        const double gops = (2.0 * (double(sm.active_params_per_token) - out) * t.n + 2.0 * out) / sec / 1e9;
-        r.limit_fraction = limit > 0 ? gops / limit : 0;
-        r.limit_text = strfmt("%.0f GOP/s = %.2f of int8 peak %.0f", gops, r.limit_fraction, limit);
-      } else {
-        // bytes one sequence's token needs, over all tokens produced (streams share the weights'
-        // reads: above 1 of the roofline means batching paid): the active weights, and the KV
-        // cache each token attends to (the depth and half the test's tokens on average) where
-        // attention reads every cached position
-        const double kv = kv_read_counted ? double(kv_bytes_per_token(m.hparams(), seqs[0]->kv_type())) *
-                                                (double(o.depth) + 0.5 * double(t.n))
-                                          : 0.0;
-        kv_read_per_token = kv;
-        const double gbs = (double(sm.active_bytes_per_token) + kv) * t.n * t.streams / sec / 1e9;
-        r.limit_fraction = limit > 0 ? gbs / limit : 0;
-        r.limit_text = strfmt("%.1f GB/s = %.2f of DRAM %.1f GB/s", gbs, r.limit_fraction, limit);
+      for (DepthRun& run : runs) {
+        TestResult& r = run.r;
+        // the machine's limit around the timed part: probed just before and just after, the mean
+        // taken (this VM's bandwidth moves by 2x within minutes; one probe before a run that lasts
+        // seconds missed phase changes in both directions)
+        if (auto st = back_to_depth(run); !st.ok()) return fail(st.error().message);
+        auto probe = [&] { return t.prefill ? cpu::measure_int8_peak_gops(pool) : cpu::measure_read_gbps(pool); };
+        const double limit_before = probe();
+        if (store != nullptr) store->reset_stats();
+        if (engine.engram_store() != nullptr) engine.engram_store()->reset_stats();
+        prof::reset();
+        const GpuTier::Stats gpu_before = engine.gpu_tier() ? engine.gpu_tier()->stats() : GpuTier::Stats{};
+        const CudaBackend::Stats cuda_before = cuda != nullptr ? cuda->stats() : CudaBackend::Stats{};
+        prof::enable(o.profile);
+        auto timed = run_pass(run, rep, t.n);
+        prof::enable(false);
+        if (!timed) return fail(timed.error().message);
+        const double sec = *timed;
+        const double limit = 0.5 * (limit_before + probe());
+        r.tok_per_s.push_back(double(t.n) * (t.prefill ? 1 : t.streams) / sec);
+        if (t.prefill) {
+          // 2 ops per weight per token; the output head runs for the last token only
+          const double out = double(sm.roles[int(TensorRole::output)].n_params);
+          const double gops = (2.0 * (double(sm.active_params_per_token) - out) * t.n + 2.0 * out) / sec / 1e9;
+          r.limit_fraction = limit > 0 ? gops / limit : 0;
+          r.limit_text = strfmt("%.0f GOP/s = %.2f of int8 peak %.0f", gops, r.limit_fraction, limit);
+        } else {
+          // bytes one sequence's token needs, over all tokens produced (streams share the weights'
+          // reads: above 1 of the roofline means batching paid): the active weights, and the KV
+          // cache each token attends to (the depth and half the test's tokens on average) where
+          // attention reads every cached position
+          const double kv = kv_read_counted ? double(kv_bytes_per_token(m.hparams(), run.seqs[0]->kv_type())) *
+                                                  (double(run.depth) + 0.5 * double(t.n))
+                                            : 0.0;
+          kv_read_per_token = kv;
+          const double gbs = (double(sm.active_bytes_per_token) + kv) * t.n * t.streams / sec / 1e9;
+          r.limit_fraction = limit > 0 ? gbs / limit : 0;
+          r.limit_text = strfmt("%.1f GB/s = %.2f of DRAM %.1f GB/s", gbs, r.limit_fraction, limit);
+        }
+        if (o.profile) r.profile_text = profile_line(t.n);
+        node_figures(double(t.n) * (t.prefill ? 1 : t.streams), sec, r);
+        if (engine.gpu_tier()) gpu_figures(gpu_before, engine.gpu_tier()->stats(), double(t.n) * (t.prefill ? 1 : t.streams), r);
+        if (cuda != nullptr) cuda_figures(cuda_before, cuda->stats(), double(t.n) * (t.prefill ? 1 : t.streams), r);
+        if (store != nullptr) nvme_figures(store->stats(), double(t.n) * (t.prefill ? 1 : t.streams), nvme_probe_gbps, r);
+        if (engine.engram_store() != nullptr)
+          engram_figures(engine.engram_store()->stats(), double(t.n) * (t.prefill ? 1 : t.streams), r);
       }
-      if (o.profile) r.profile_text = profile_line(t.n);
-      node_figures(double(t.n) * (t.prefill ? 1 : t.streams), sec, r);
-      if (engine.gpu_tier()) gpu_figures(gpu_before, engine.gpu_tier()->stats(), double(t.n) * (t.prefill ? 1 : t.streams), r);
-      if (cuda != nullptr) cuda_figures(cuda_before, cuda->stats(), double(t.n) * (t.prefill ? 1 : t.streams), r);
-      if (store != nullptr) nvme_figures(store->stats(), double(t.n) * (t.prefill ? 1 : t.streams), nvme_probe_gbps, r);
-      if (engine.engram_store() != nullptr)
-        engram_figures(engine.engram_store()->stats(), double(t.n) * (t.prefill ? 1 : t.streams), r);
     }
-    if (!o.json) {
-      std::printf("| %-28s | %10s | %6.2f B | %-10s | %7d | %8s | %10.2f ± %7.2f | %-34s |\n", model_name.substr(0, 28).c_str(),
-                  format_size(sm.n_bytes).c_str(), params, backend.c_str(), pool.size(), t.name().c_str(), median(r.tok_per_s),
-                  stddev(r.tok_per_s), r.limit_text.c_str());
-      std::string samples;
-      for (double x : r.tok_per_s) samples += strfmt("%s%.2f", samples.empty() ? "" : ", ", x);
-      std::printf("    tok/s: median of %s; %s\n", samples.c_str(),
-                  o.no_warmup ? "no warm-up pass (--no-warmup): the first is the first pass after loading"
-                              : strfmt("warm-up pass before them %.2f (untimed)", r.warmup_tok_per_s).c_str());
-      if (o.profile) std::printf("    %s\n", r.profile_text.c_str());
-      if (store != nullptr) std::printf("    %s\n", r.nvme_text.c_str());
-      if (!r.engram_text.empty()) std::printf("    %s\n", r.engram_text.c_str());
-      std::printf("    %s\n", r.node_text.c_str());
-      if (!r.gpu_text.empty()) std::printf("    %s\n", r.gpu_text.c_str());
-      if (!r.cuda_text.empty()) std::printf("    %s\n", r.cuda_text.c_str());
-      std::fflush(stdout);
+    for (const DepthRun& run : runs) {
+      const TestResult& r = run.r;
+      if (!o.json) {
+        const std::string name = t.name() + (run.depth > 0 ? strfmt(" @ d%lld", static_cast<long long>(run.depth)) : "");
+        std::printf("| %-28s | %10s | %6.2f B | %-10s | %7d | %8s | %10.2f ± %7.2f | %-34s |\n", model_name.substr(0, 28).c_str(),
+                    format_size(sm.n_bytes).c_str(), params, backend.c_str(), pool.size(), name.c_str(), median(r.tok_per_s),
+                    stddev(r.tok_per_s), r.limit_text.c_str());
+        std::string samples;
+        for (double x : r.tok_per_s) samples += strfmt("%s%.2f", samples.empty() ? "" : ", ", x);
+        std::printf("    tok/s: median of %s; %s\n", samples.c_str(),
+                    o.no_warmup ? "no warm-up pass (--no-warmup): the first is the first pass after loading"
+                                : strfmt("warm-up pass before them %.2f (untimed)", r.warmup_tok_per_s).c_str());
+        if (&run != &runs[0]) {
+          // against the first depth, repetition by repetition (taken in turn, minutes apart at most)
+          const TestResult& r0 = runs[0].r;
+          std::string ratios;
+          for (size_t i = 0; i < r.tok_per_s.size() && i < r0.tok_per_s.size(); ++i)
+            ratios += strfmt("%s%.2f", ratios.empty() ? "" : ", ", r.tok_per_s[i] / r0.tok_per_s[i]);
+          std::printf("    %.2fx of depth %lld's tok/s (medians); repetition by repetition %s\n",
+                      median(r.tok_per_s) / median(r0.tok_per_s), static_cast<long long>(runs[0].depth), ratios.c_str());
+        }
+        if (o.profile) std::printf("    %s\n", r.profile_text.c_str());
+        if (store != nullptr) std::printf("    %s\n", r.nvme_text.c_str());
+        if (!r.engram_text.empty()) std::printf("    %s\n", r.engram_text.c_str());
+        std::printf("    %s\n", r.node_text.c_str());
+        if (!r.gpu_text.empty()) std::printf("    %s\n", r.gpu_text.c_str());
+        if (!r.cuda_text.empty()) std::printf("    %s\n", r.cuda_text.c_str());
+        std::fflush(stdout);
+      }
     }
-    results.push_back(std::move(r));
+    for (DepthRun& run : runs) results.push_back(std::move(run.r));
   }
   if (o.json) {
     nlohmann::json arr = nlohmann::json::array();
@@ -547,7 +580,7 @@ int run_bench(const BenchOptions& o) {
                      {"test", r.test.name()},
                      {"n_prompt", r.test.prefill ? r.test.n : 0},
                      {"n_gen", r.test.prefill ? 0 : r.test.n},
-                     {"n_depth", o.depth},
+                     {"n_depth", r.depth},
                      {"streams", r.test.prefill ? 1 : r.test.streams},
                      {"avg_ts", mean(r.tok_per_s)},
                      {"median_ts", median(r.tok_per_s)},
@@ -587,7 +620,7 @@ int run_bench(const BenchOptions& o) {
     std::printf("\ndecode roofline of this model: %s read per token", format_bytes(double(sm.active_bytes_per_token)).c_str());
     if (kv_read_per_token > 0)
       std::printf(", and the KV cache: %s per token in the last decode test (counted)", format_bytes(kv_read_per_token).c_str());
-    else if (!kv_read_counted && o.depth > 0)
+    else if (!kv_read_counted && *std::max_element(depths.begin(), depths.end()) > 0)
       std::printf(" (the KV cache's reads not counted: windowed or compressed attention)");
     std::printf("\n");
   }
@@ -606,7 +639,11 @@ Runner add_bench_command(CLI::App& app) {
   sub->add_option("-n,--n-gen", o->n_gen, "decoded token counts (comma list)")->delimiter(',')->check(CLI::NonNegativeNumber);
   sub->add_option("-s,--streams", o->streams, "decode tests: sequences decoded together, tok/s summed (comma list, e.g. 1,2,4)")
       ->delimiter(',')->check(CLI::PositiveNumber);
-  sub->add_option("-d,--depth", o->depth, "tokens of context before each test")->check(CLI::NonNegativeNumber);
+  sub->add_option("-d,--depth", o->depths,
+                  "tokens of context before each test (comma list: each test at each depth, their repetitions in "
+                  "turn, with each depth's tok/s against the first's)")
+      ->delimiter(',')
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("-r,--reps", o->reps, "timed repetitions of each test (default 3; the table gives their median)")
       ->check(CLI::PositiveNumber);
   sub->add_flag("--no-warmup", o->no_warmup,
