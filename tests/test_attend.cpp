@@ -143,6 +143,47 @@ TEST(AttendKernels, MatchDoubleSoftmaxOnEveryFormatAndIsa) {
   }
 }
 
+// Prefill's integer scores over a q8_0 key block (KernelTable::scores_q8, where the ISA has it)
+// against the query as kv_query gives it times the widened keys, in double; keys past n untouched.
+// Tolerance: 1e-5 of the row's largest |score| (the group sums are exact, the scale products float).
+TEST(AttendKernels, Q8ScoresMatchTheWidenedProduct) {
+  SEED_TRACE();
+  Rng rng(43);
+  for (cpu::CpuIsa isa : {cpu::CpuIsa::scalar, cpu::CpuIsa::avx2, cpu::CpuIsa::avx512}) {
+    if (!cpu::isa_supported(isa) || cpu::cpu_kernels(isa).scores_q8 == nullptr) continue;
+    for (int64_t dk : {32, 128, 256})
+      for (int rows : {1, 5, 8, 13})
+        for (int64_t n : {32, 20, 7}) {
+          SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " dk " + std::to_string(dk) + " rows " + std::to_string(rows) +
+                       " keys " + std::to_string(n));
+          Entries e(KvType::q8_0, dk, 32, n, rng);
+          std::vector<float> q(size_t(rows * dk));
+          for (float& x : q) x = rng.normal();
+          std::vector<int8_t> qi(q.size());
+          std::vector<float> qd(q.size() / 32);
+          std::vector<int32_t> off(qd.size());
+          cpu::kv_quantize_query(q.data(), rows, dk, qi.data(), qd.data(), off.data());
+          const int64_t lds = 40;
+          std::vector<float> s(size_t(rows * lds), 7.0f);
+          cpu::cpu_kernels(isa).scores_q8({qi.data(), qd.data(), off.data(), dk}, rows, e.k.data(), n, s.data(), lds);
+          const std::vector<float> qk = cpu::kv_query(KvType::q8_0, q.data(), rows, dk);
+          std::vector<float> kf(size_t(dk * cpu::kKvKeyBlock));
+          cpu::kv_widen_keys(KvType::q8_0, e.k.data(), dk, kf.data());
+          for (int r = 0; r < rows; ++r) {
+            std::vector<double> want(static_cast<size_t>(n), 0.0);
+            double scale = 0;
+            for (int64_t j = 0; j < n; ++j) {
+              for (int64_t d = 0; d < dk; ++d)
+                want[size_t(j)] += double(qk[size_t(r * dk + d)]) * kf[size_t(d * cpu::kKvKeyBlock + j)];
+              scale = std::max(scale, std::abs(want[size_t(j)]));
+            }
+            for (int64_t j = 0; j < n; ++j) EXPECT_NEAR(s[size_t(r * lds + j)], want[size_t(j)], 1e-5 * scale) << r << " " << j;
+            for (int64_t j = n; j < lds; ++j) EXPECT_EQ(s[size_t(r * lds + j)], 7.0f) << "wrote past key " << n;
+          }
+        }
+  }
+}
+
 // q8_0 entries round trip within half a quantization step of their group's scale (and its rounding).
 TEST(KvFormat, Q8KeysAndValuesRoundTrip) {
   SEED_TRACE();

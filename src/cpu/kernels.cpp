@@ -54,6 +54,7 @@ KernelTable build_table(CpuIsa isa) {
     t.silu_mul = detail::silu_mul_avx512;
     t.half_to_float = detail::half_to_float_avx512;
     detail::add_attend_avx512(t.attend.data());
+    t.scores_q8 = detail::scores_q8_avx512();
   }
 #endif
   return t;

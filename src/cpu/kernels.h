@@ -110,6 +110,20 @@ struct AttendArgs {
 };
 using AttendFn = void (*)(const AttendArgs& a);
 
+// Query rows prepared for q8_0 keys (cpu/kv_format.h kv_quantize_query): each row quantized to
+// q8_0 per 32 dims as ggml rounds, q [rows][dk] int8, d [rows][dk / 32] the scales, off [rows][dk /
+// 32] = -128 x the group's sum of q (the keys' bytes are offset by 128).
+struct QueryQ8View {
+  const int8_t* q = nullptr;
+  const float* d = nullptr;
+  const int32_t* off = nullptr;
+  int64_t dk = 0;
+};
+// s[r * lds + j] = q_r . K_j for the rows r < rows of q and the keys j < n (<= kKvKeyBlock) of a
+// q8_0 key block: per group of 32 dims the exact integer sum times the two scales (prefill's
+// scores over a q8_0 cache).
+using ScoresQ8Fn = void (*)(const QueryQ8View& q, int rows, const uint8_t* key_block, int64_t n, float* s, int64_t lds);
+
 struct KernelTable {
   CpuIsa isa = CpuIsa::scalar;
   // vec_dot[weight type](n, w, a): one weight row . one activation row in the weight type's
@@ -136,6 +150,9 @@ struct KernelTable {
   HalfToFloatFn half_to_float = nullptr;  // never null
   // attend[KvType]: decode attention over f16 / q8_0 (and f32) cache entries; never null
   std::array<AttendFn, 3> attend{};
+  // scores_q8: q . K over a q8_0 key block in integers; null where the ISA has none (prefill then
+  // widens the keys and multiplies them with the query as kv_query gives it)
+  ScoresQ8Fn scores_q8 = nullptr;
 
   VecDotFn dot(GgmlType weight) const { return vec_dot[size_t(weight)]; }
   // One tile of y = W a (GemmFn's contract) with the best kernel this table has for the type.
@@ -170,9 +187,6 @@ namespace detail {
 // src/cpu/avx512; called only when the CPU supports the ISA). Plain arrays of kKernelTypeCount
 // entries, indexed by type id, so that those translation units instantiate no shared template.
 void add_avx2_kernels(VecDotFn* vec_dot, QuantizeRowFn* quantize_row);
-// The AVX2 table's q8_0 quantizer (bit-identical to ref::quantize_row_q8_0): the attend kernels
-// of both ISAs quantize the query with it for q8_0 keys.
-void quantize_row_q8_0_avx2(const float* x, void* y, int64_t n);
 // The several-token dot products of vec_dot_avx2.cpp (KernelTable::vec_dot_tokens).
 void add_avx2_vec_dot_tokens(VecDotTokensFn* vec_dot_tokens);
 void add_avx512_kernels(VecDotFn* vec_dot, QuantizeRowFn* quantize_row);
@@ -202,6 +216,7 @@ void half_to_float_ref(const uint16_t* x, float* y, int64_t n);
 void add_attend_ref(AttendFn* attend);
 void add_attend_avx2(AttendFn* attend);
 void add_attend_avx512(AttendFn* attend);
+ScoresQ8Fn scores_q8_avx512();
 void half_to_float_avx2(const uint16_t* x, float* y, int64_t n);
 void half_to_float_avx512(const uint16_t* x, float* y, int64_t n);
 float exp_sum_avx2(const float* x, float* y, int64_t n, float max);

@@ -115,6 +115,24 @@ std::vector<float> kv_query(KvType t, const float* q, int rows, int64_t dk) {
   return out;
 }
 
+void kv_quantize_query(const float* q, int rows, int64_t dk, int8_t* qi, float* d, int32_t* off) {
+  const QuantizeRowFn quantize = cpu_kernels().quantize(GgmlType::q8_0);  // each ISA's: bit-identical
+  block_q8_0 b[8];
+  const int64_t ng = dk / 32;
+  for (int r = 0; r < rows; ++r)
+    for (int64_t g0 = 0; g0 < ng; g0 += 8) {
+      const int64_t n = std::min<int64_t>(8, ng - g0);
+      quantize(q + r * dk + g0 * 32, b, n * 32);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t g = g0 + i;
+        int32_t sum = 0;
+        for (int e = 0; e < 32; ++e) sum += (qi[r * dk + g * 32 + e] = b[i].qs[e]);
+        d[r * ng + g] = fp16_to_f32(b[i].d);
+        off[r * ng + g] = -128 * sum;
+      }
+    }
+}
+
 namespace {
 
 // The reference: each key's score and value widened one at a time, the running state updated

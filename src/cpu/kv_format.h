@@ -30,6 +30,9 @@ void kv_widen_keys(KvType t, const uint8_t* block, int64_t dk, float* out);
 // The query rows [rows][dk] as the attend kernels multiply them with keys of type t: q8_0 keys
 // take the query quantized to q8_0 (and here widened back); other types take it as it is.
 std::vector<float> kv_query(KvType t, const float* q, int rows, int64_t dk);
+// The query rows [rows][dk] prepared for q8_0 keys (kernels.h QueryQ8View): qi [rows][dk], d and
+// off [rows][dk / 32]. dk a multiple of 32.
+void kv_quantize_query(const float* q, int rows, int64_t dk, int8_t* qi, float* d, int32_t* off);
 // n value rows (row_stride bytes apart) as floats, [n][dv].
 void kv_widen_values(KvType t, const uint8_t* rows, size_t row_stride, int64_t n, int64_t dv, float* out);
 

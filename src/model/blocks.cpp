@@ -651,6 +651,10 @@ void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const fl
   const int64_t kTokBlock = n_tok <= cpu::kBatchInvariantTokens ? 1 : 16;
   const int64_t n_blocks = (n_tok + kTokBlock - 1) / kTokBlock;
   const cpu::SgemmFn sgemm = cpu::cpu_kernels().sgemm;
+  // q8_0 keys meet the query in q8_0, as in decode (cpu/kernels.h AttendFn): in integers where
+  // the ISA has the kernel, else the keys widened against the query widened back
+  const bool q8 = cache.type == KvType::q8_0;
+  const cpu::ScoresQ8Fn scores_q8 = q8 ? cpu::cpu_kernels().scores_q8 : nullptr;
   cpu::compute_pool().run(n_blocks * p.n_head_kv, [&](int64_t task, int) {
     const int hk = int(task % p.n_head_kv);
     const int64_t t0 = (task / p.n_head_kv) * kTokBlock, t1 = std::min(n_tok, t0 + kTokBlock);
@@ -674,10 +678,28 @@ void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const fl
         float* dst = &qb[size_t(((t - t0) * group + g) * DK)];
         for (int64_t d = 0; d < DK; ++d) dst[d] = src[d] * p.scale;
       }
+    thread_local std::vector<int8_t> qi;
+    thread_local std::vector<float> qd;
+    thread_local std::vector<int32_t> qoff;
+    if (scores_q8) {
+      qi.resize(size_t(rows * DK));
+      qd.resize(size_t(rows * DK / 32));
+      qoff.resize(qd.size());
+      cpu::kv_quantize_query(qb.data(), int(rows), DK, qi.data(), qd.data(), qoff.data());
+    } else if (q8) {
+      const std::vector<float> qw = cpu::kv_query(KvType::q8_0, qb.data(), int(rows), DK);
+      std::copy(qw.begin(), qw.end(), qb.begin());
+    }
+    const cpu::QueryQ8View qv{qi.data(), qd.data(), qoff.data(), DK};
     // K is stored transposed in blocks of kKeyBlock keys (KvCache::k_block): one GEMM per block
-    // (f16 / q8_0 entries: each block widened to float in L1 first, the same GEMM then)
+    // (f16 / q8_0 entries: each block widened to float in L1 first, the same GEMM then; q8_0 with
+    // the integer kernel: its scores straight from the block)
     for (int64_t j = j_lo; j < j_hi; j += kb) {
       const int64_t w = std::min(kb, j_hi - j);
+      if (scores_q8) {
+        scores_q8(qv, int(rows), cache.k_block_bytes(layer, hk, j / kb), w, &score[size_t(j - j_lo)], nk);
+        continue;
+      }
       const float* kblk = half ? kv32.data() : cache.k_block(layer, hk, j / kb);
       if (half) cpu::kv_widen_keys(cache.type, cache.k_block_bytes(layer, hk, j / kb), DK, kv32.data());
       sgemm(rows, w, DK, qb.data(), DK, kblk, kb, &score[size_t(j - j_lo)], nk, false);

@@ -21,6 +21,7 @@
 
 #include "cpu/avx2/simd_common.h"
 #include "cpu/kernels.h"
+#include "cpu/kv_format.h"
 #include "cpu/quant_blocks.h"
 
 namespace strata::cpu {
@@ -44,14 +45,11 @@ constexpr size_t entry_bytes() {
 struct QueryQ8f {
   float q[kAttendMaxRows * kAttendQ8MaxDim];
   QueryQ8f(const float* qf, int rows, int64_t dk) {
-    block_q8_0 b[kAttendQ8MaxDim / 32];
-    for (int r = 0; r < rows; ++r) {
-      detail::quantize_row_q8_0_avx2(qf + r * dk, b, dk);
-      for (int64_t g = 0; g < dk / 32; ++g) {
-        const float d = half_to_float(b[g].d);
-        for (int i = 0; i < 32; ++i) q[r * dk + g * 32 + i] = d * float(b[g].qs[i]);
-      }
-    }
+    int8_t qi[kAttendMaxRows * kAttendQ8MaxDim];
+    float d[kAttendMaxRows * kAttendQ8MaxDim / 32];
+    int32_t off[kAttendMaxRows * kAttendQ8MaxDim / 32];
+    kv_quantize_query(qf, rows, dk, qi, d, off);
+    for (int64_t i = 0; i < rows * dk; ++i) q[i] = d[i / 32] * float(qi[i]);
   }
 };
 

@@ -562,8 +562,6 @@ void quantize_row_q8_0(const float* x, void* vy, int64_t n) {
 
 namespace detail {
 
-void quantize_row_q8_0_avx2(const float* x, void* y, int64_t n) { quantize_row_q8_0(x, y, n); }
-
 void add_avx2_vec_dot_tokens(VecDotTokensFn* vec_dot_tokens) {
   vec_dot_tokens[size_t(GgmlType::q4_k)] = dot_tokens<block_q4_K, Q4KTokens>;
   vec_dot_tokens[size_t(GgmlType::q6_k)] = dot_tokens<block_q6_K, Q6KTokens>;

@@ -30,6 +30,7 @@
 #include "cpu/avx2/simd_common.h"
 #include "cpu/avx512/exp512.h"
 #include "cpu/kernels.h"
+#include "cpu/kv_format.h"
 #include "cpu/quant_blocks.h"
 
 namespace strata::cpu {
@@ -51,54 +52,48 @@ constexpr size_t entry_bytes() {
   return T == KvType::f32 ? 4 : T == KvType::f16 ? 2 : 1;
 }
 
-// The query rows quantized to q8_0 for q8_0 keys (kernels.h AttendFn): per row and group of 32
-// dims, the int8 values, the scale, and -128 times the values' sum (the keys are stored offset by
-// 128, so each group's dword sums start there).
+// The query rows of a call prepared for q8_0 keys (kernels.h QueryQ8View), on the stack.
 struct QueryQ8 {
-  int8_t q[kAttendMaxRows][kAttendQ8MaxDim];
-  float d[kAttendMaxRows][kAttendQ8MaxDim / 32];
-  int32_t off[kAttendMaxRows][kAttendQ8MaxDim / 32];
-  QueryQ8(const float* qf, int rows, int64_t dk) {
-    block_q8_0 b[kAttendQ8MaxDim / 32];
-    for (int r = 0; r < rows; ++r) {
-      detail::quantize_row_q8_0_avx2(qf + r * dk, b, dk);
-      for (int64_t g = 0; g < dk / 32; ++g) {
-        int32_t sum = 0;
-        for (int i = 0; i < 32; ++i) sum += (q[r][g * 32 + i] = b[g].qs[i]);
-        d[r][g] = half_to_float(b[g].d);
-        off[r][g] = -128 * sum;
-      }
-    }
-  }
+  int8_t q[kAttendMaxRows * kAttendQ8MaxDim];
+  float d[kAttendMaxRows * kAttendQ8MaxDim / 32];
+  int32_t off[kAttendMaxRows * kAttendQ8MaxDim / 32];
+  QueryQ8View view;
+  QueryQ8(const float* qf, int rows, int64_t dk) : view{q, d, off, dk} { kv_quantize_query(qf, rows, dk, q, d, off); }
 };
 
-// s[r][0 .. 32) = q_r . K_j for the R rows of q and the block's 32 keys, q8_0 keys: per half of
-// the block (16 keys, 16 int32 lanes), each group of 32 dims as 8 vpdpbusd of the keys' offset
-// bytes (4 dims a lane) against the row's 4 int8 values broadcast, the exact sum then times the
-// key's and the row's scales. pf.step() dk / 2 times.
+// s[r][0 .. 16 H) (stride lds) = q_r . K_j for rows r0 .. r0 + R of q and the first 16 H keys of a
+// q8_0 key block: per half of the block (16 keys, 16 int32 lanes), each group of 32 dims as 8
+// vpdpbusd of the keys' offset bytes (4 dims a lane) against the row's 4 int8 values broadcast,
+// the exact sum then times the key's and the row's scales. Keys past n are not stored.
+// pf.step() dk / 4 times a half.
 template <int R>
-void scores_block_q8(const QueryQ8& qq, int r0, int64_t dk, const uint8_t* blk, float* s, PacedPrefetch& pf) {
+void scores_block_q8(const QueryQ8View& qq, int r0, const uint8_t* blk, int64_t n, float* s, int64_t lds,
+                     PacedPrefetch& pf) {
+  const int64_t dk = qq.dk, ng = dk / 32;
   const uint8_t* scales = blk + dk * kBlock;  // halves [dk / 32][32]
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < 2 && 16 * h < n; ++h) {
     __m512 tot[R];
     for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < dk / 32; ++g) {
+    for (int64_t g = 0; g < ng; ++g) {
       __m512i acc[R];
-      for (int r = 0; r < R; ++r) acc[r] = _mm512_set1_epi32(qq.off[r0 + r][g]);
+      for (int r = 0; r < R; ++r) acc[r] = _mm512_set1_epi32(qq.off[(r0 + r) * ng + g]);
       for (int64_t u = 0; u < 8; ++u) {
         const __m512i k = _mm512_loadu_si512(blk + ((g * 8 + u) * kBlock + 16 * h) * 4);
         pf.step();
         for (int r = 0; r < R; ++r) {
           int32_t q4;
-          __builtin_memcpy(&q4, &qq.q[r0 + r][g * 32 + u * 4], 4);
+          __builtin_memcpy(&q4, qq.q + (r0 + r) * dk + g * 32 + u * 4, 4);
           acc[r] = _mm512_dpbusd_epi32(acc[r], k, _mm512_set1_epi32(q4));
         }
       }
       const __m512 ks = _mm512_cvtph_ps(load32(scales + size_t(g * kBlock + 16 * h) * 2));
       for (int r = 0; r < R; ++r)
-        tot[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_mul_ps(ks, _mm512_set1_ps(qq.d[r0 + r][g])), tot[r]);
+        tot[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_mul_ps(ks, _mm512_set1_ps(qq.d[(r0 + r) * ng + g])),
+                                 tot[r]);
     }
-    for (int r = 0; r < R; ++r) _mm512_storeu_ps(s + r * kBlock + 16 * h, tot[r]);
+    const int64_t left = n - 16 * h;
+    const __mmask16 keep = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(s + r * lds + 16 * h, keep, tot[r]);
   }
 }
 
@@ -165,7 +160,7 @@ void rows_block(const AttendArgs& a, const QueryQ8* qq, int r0, int64_t j0, int6
   const bool lead = r0 == 0;  // the pass that prefetches
   PacedPrefetch pf =
       lead ? value_rows_prefetch(a, j0, lo, hi, T == KvType::q8_0 ? a.dk / 2 : a.dk) : PacedPrefetch();
-  if constexpr (T == KvType::q8_0) scores_block_q8<R>(*qq, r0, a.dk, blk, s + r0 * kBlock, pf);
+  if constexpr (T == KvType::q8_0) scores_block_q8<R>(qq->view, r0, blk, kBlock, s + r0 * kBlock, kBlock, pf);
   else scores_block<T, R>(a.q + r0 * a.dk, a.dk, blk, s + r0 * kBlock, pf);
   // the block's softmax step for each row, without branches: keys outside [lo, hi) weigh 0; the
   // rows' corrections exp(m - m') in one vector (m = -inf gives 0), applied to o as the value
@@ -221,9 +216,27 @@ void attend_avx512(const AttendArgs& a) {
   }
 }
 
+// kernels.h ScoresQ8Fn: 8 rows a pass
+void scores_q8(const QueryQ8View& q, int rows, const uint8_t* key_block, int64_t n, float* s, int64_t lds) {
+  PacedPrefetch none;
+  int r0 = 0;
+  for (; r0 + 8 <= rows; r0 += 8) scores_block_q8<8>(q, r0, key_block, n, s + r0 * lds, lds, none);
+  switch (rows - r0) {
+    case 7: scores_block_q8<7>(q, r0, key_block, n, s + r0 * lds, lds, none); break;
+    case 6: scores_block_q8<6>(q, r0, key_block, n, s + r0 * lds, lds, none); break;
+    case 5: scores_block_q8<5>(q, r0, key_block, n, s + r0 * lds, lds, none); break;
+    case 4: scores_block_q8<4>(q, r0, key_block, n, s + r0 * lds, lds, none); break;
+    case 3: scores_block_q8<3>(q, r0, key_block, n, s + r0 * lds, lds, none); break;
+    case 2: scores_block_q8<2>(q, r0, key_block, n, s + r0 * lds, lds, none); break;
+    case 1: scores_block_q8<1>(q, r0, key_block, n, s + r0 * lds, lds, none); break;
+    default: break;
+  }
+}
+
 }  // namespace
 
 namespace detail {
+ScoresQ8Fn scores_q8_avx512() { return scores_q8; }
 void add_attend_avx512(AttendFn* attend) {
   attend[size_t(KvType::f32)] = attend_avx512<KvType::f32>;
   attend[size_t(KvType::f16)] = attend_avx512<KvType::f16>;
