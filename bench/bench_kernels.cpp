@@ -20,7 +20,11 @@
 //    type, over 12 layers' caches used in turn (the bytes of 12 layers exceed the caches of the
 //    CPU at depth 4096). Counters GBps (cache bytes read per second) and bw_frac (of the DRAM probes).
 //
-//   build/bench/strata_bench_kernels --benchmark_filter='expert_ffn|gemm|onednn|attention'
+//  - BM_attend: the decode attention kernel alone (KernelTable::attend of each supported ISA), one
+//    thread, a GQA group of 8 query rows of 128 dims over 512 keys that stay in L2: the kernel's
+//    compute rate without DRAM's noise. Counter ns_per_key.
+//
+//   build/bench/strata_bench_kernels --benchmark_filter='expert_ffn|gemm|onednn|attention|attend'
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -80,6 +84,47 @@ void BM_attention_decode(benchmark::State& state, KvType type, int64_t depth) {
     dram.tick();
   }
   set_bandwidth_counters(state, bytes, dram.kernel_seconds(), dram.mean_gbps());
+}
+
+void BM_attend(benchmark::State& state, cpu::CpuIsa isa, KvType type) {
+  constexpr int kRows = 8;
+  constexpr int64_t kDim = 128, kKeys = 512;
+  const size_t ks = cpu::kv_key_block_bytes(type, kDim), vs = cpu::kv_value_row_bytes(type, kDim);
+  std::vector<uint8_t> k(size_t(kKeys / cpu::kKvKeyBlock) * ks), v(size_t(kKeys) * vs);
+  std::mt19937 rng(6);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(kDim)), q(static_cast<size_t>(kRows * kDim));
+  for (int64_t j = 0; j < kKeys; ++j) {
+    for (float& e : x) e = nd(rng);
+    cpu::kv_store_key(type, x.data(), kDim, k.data() + size_t(j / cpu::kKvKeyBlock) * ks, j % cpu::kKvKeyBlock);
+    for (float& e : x) e = nd(rng);
+    cpu::kv_store_value(type, x.data(), kDim, v.data() + size_t(j) * vs);
+  }
+  for (float& e : q) e = 0.1f * nd(rng);
+  std::vector<float> m(kRows), l(kRows), o(static_cast<size_t>(kRows * kDim));
+  cpu::AttendArgs a;
+  a.rows = kRows;
+  a.dk = a.dv = kDim;
+  a.q = q.data();
+  a.k = k.data();
+  a.k_block_stride = ks;
+  a.v = v.data();
+  a.v_row_stride = vs;
+  a.n = kKeys;
+  a.m = m.data();
+  a.l = l.data();
+  a.o = o.data();
+  const cpu::AttendFn attend = cpu::cpu_kernels(isa).attend[size_t(type)];
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    std::fill(m.begin(), m.end(), -INFINITY);
+    std::fill(l.begin(), l.end(), 0.0f);
+    std::fill(o.begin(), o.end(), 0.0f);
+    attend(a);
+    benchmark::DoNotOptimize(o.data());
+  }
+  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  state.counters["ns_per_key"] = ns / (double(state.iterations()) * double(kKeys));
 }
 
 // ---- the fused expert FFN of one MoE layer ----
@@ -238,6 +283,13 @@ const int kRegistered = [] {
                                    BM_expert_ffn, type, 16, n_tok)
           ->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(3.0);
   }
+  for (cpu::CpuIsa isa : {cpu::CpuIsa::avx2, cpu::CpuIsa::avx512})
+    if (cpu::isa_supported(isa))
+      for (KvType type : {KvType::f16, KvType::q8_0})
+        benchmark::RegisterBenchmark(
+            (std::string("BM_attend/") + std::string(cpu::isa_name(isa)) + "/" + cpu::kv_type_name(type)).c_str(), BM_attend,
+            isa, type)
+            ->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(1.0);
   for (KvType type : {KvType::f32, KvType::f16, KvType::q8_0})
     for (int64_t depth : {1024, 4096, 16384})
       benchmark::RegisterBenchmark(
