@@ -122,10 +122,12 @@ void scores_block(const float* q, int64_t dk, const uint8_t* blk, float* s, Pace
 }
 
 // o[r][c0 .. c0 + 16 C) = o[r][..] corr[r] + sum over keys j in [lo, hi) of p[r][j] V_j (C = 1 or
-// 2 vectors of columns): R rows, value rows of the block's keys at v (row_stride bytes apart).
+// 2 vectors of columns): R rows, value rows of the block's keys at v (row_stride bytes apart). Out
+// of line: inlined into rows_block, GCC 12 spilled the widened value vectors to the stack.
 template <KvType T, int R, int C>
-__attribute__((noinline)) void values_tile(const float* p, const float* corr, int64_t lo, int64_t hi, const uint8_t* v, size_t row_stride,
-                 int64_t c0, float* o, int64_t dv, PacedPrefetch& pf) {
+__attribute__((noinline)) void values_tile(const float* p, const float* corr, int64_t lo, int64_t hi,
+                                           const uint8_t* v, size_t row_stride, int64_t c0, float* o, int64_t dv,
+                                           PacedPrefetch& pf) {
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c)
