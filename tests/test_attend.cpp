@@ -207,6 +207,10 @@ TEST(KvFormat, Q8KeysAndValuesRoundTrip) {
   }
   EXPECT_EQ(cpu::kv_key_block_bytes(KvType::q8_0, 128) / size_t(kb), 136u);  // 34 bytes per 32 dims
   EXPECT_EQ(cpu::kv_value_row_bytes(KvType::q8_0, 128), 136u);
+  // the attend kernels' q8_0 query buffers hold up to kAttendQ8MaxDim dims: wider keys keep f16
+  EXPECT_TRUE(cpu::kv_type_fits(KvType::q8_0, cpu::kAttendQ8MaxDim, 64));
+  EXPECT_FALSE(cpu::kv_type_fits(KvType::q8_0, cpu::kAttendQ8MaxDim + 32, 64));
+  EXPECT_FALSE(cpu::kv_type_fits(KvType::q8_0, 80, 64));
 }
 
 }  // namespace
