@@ -423,7 +423,7 @@ int run_bench(const BenchOptions& o) {
   for (const Test& t : tests) {
     std::vector<DepthRun> runs;
     for (int d : depths) {
-      const int64_t need = d + t.n + 1;
+      const int64_t need = int64_t(d) + t.n + 1;
       if (need > ctx_limit) {
         std::fprintf(stderr, "strata bench: %s at depth %d skipped: %lld tokens exceed the context of %lld\n",
                      t.name().c_str(), d, static_cast<long long>(need), static_cast<long long>(ctx_limit));
@@ -433,7 +433,7 @@ int run_bench(const BenchOptions& o) {
       run.depth = d;
       run.r.test = t;
       run.r.depth = d;
-      run.tokens.resize(size_t(d + t.n));
+      run.tokens.resize(size_t(need - 1));
       for (auto& id : run.tokens) id = int32_t(rng() % uint32_t(m.hparams().n_vocab));
       for (int i = 0; i < (t.prefill ? 1 : t.streams); ++i)
         run.seqs.push_back(std::make_unique<Session>(engine, int(need), cpu::MatmulPath::quantized, engine.config().kv_type));
