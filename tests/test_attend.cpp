@@ -48,7 +48,8 @@ std::vector<double> reference(KvType t, const Entries& e, const std::vector<floa
   const int64_t kb = cpu::kKvKeyBlock;
   std::vector<float> kf(size_t(c.dk * kb)), vf(size_t(c.dv));
   std::vector<double> s(size_t(c.rows * c.n)), o(size_t(c.rows * c.dv), 0.0);
-  const std::vector<float> qk = cpu::kv_query(t, q.data(), c.rows, c.dk);  // q8_0 keys: q in q8_0
+  std::vector<float> qk(q.size());
+  cpu::kv_query(t, q.data(), c.rows, c.dk, qk.data());  // q8_0 keys: q in q8_0
   for (int64_t j = c.first; j < c.n; ++j) {
     cpu::kv_widen_keys(t, e.k.data() + size_t(j / kb) * e.k_stride, c.dk, kf.data());
     for (int r = 0; r < c.rows; ++r) {
@@ -168,7 +169,8 @@ TEST(AttendKernels, Q8ScoresMatchTheWidenedProduct) {
           const int64_t lds = 40;
           std::vector<float> s(size_t(rows * lds), 7.0f);
           cpu::cpu_kernels(isa).scores_q8({qi.data(), qd.data(), off.data(), dk}, rows, e.k.data(), n, s.data(), lds);
-          const std::vector<float> qk = cpu::kv_query(KvType::q8_0, q.data(), rows, dk);
+          std::vector<float> qk(q.size());
+          cpu::kv_query(KvType::q8_0, q.data(), rows, dk, qk.data());
           std::vector<float> kf(size_t(dk * cpu::kKvKeyBlock));
           cpu::kv_widen_keys(KvType::q8_0, e.k.data(), dk, kf.data());
           for (int r = 0; r < rows; ++r) {

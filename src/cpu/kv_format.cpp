@@ -103,16 +103,18 @@ void kv_widen_values(KvType t, const uint8_t* rows, size_t row_stride, int64_t n
   }
 }
 
-std::vector<float> kv_query(KvType t, const float* q, int rows, int64_t dk) {
-  std::vector<float> out(q, q + rows * dk);
-  if (t == KvType::q8_0) {
-    std::vector<block_q8_0> b(size_t(dk / 32));
-    for (int r = 0; r < rows; ++r) {
-      ref::quantize_row_q8_0(q + r * dk, b.data(), dk);
-      ref::dequantize_row_q8_0(b.data(), out.data() + r * dk, dk);
-    }
+void kv_query(KvType t, const float* q, int rows, int64_t dk, float* out) {
+  if (t != KvType::q8_0) {
+    if (out != q) std::copy(q, q + rows * dk, out);
+    return;
   }
-  return out;
+  int8_t qi[kAttendQ8MaxDim];
+  float d[kAttendQ8MaxDim / 32];
+  int32_t off[kAttendQ8MaxDim / 32];
+  for (int r = 0; r < rows; ++r) {  // a row read whole before it is written: in place is fine
+    kv_quantize_query(q + r * dk, 1, dk, qi, d, off);
+    for (int64_t i = 0; i < dk; ++i) out[r * dk + i] = d[i / 32] * float(qi[i]);
+  }
 }
 
 void kv_quantize_query(const float* q, int rows, int64_t dk, int8_t* qi, float* d, int32_t* off) {
@@ -140,7 +142,8 @@ namespace {
 void attend_ref(KvType t, const AttendArgs& a) {
   const int64_t kb = kKvKeyBlock;
   std::vector<float> kf(size_t(a.dk * kb)), vf(size_t(kb * a.dv));
-  const std::vector<float> q = kv_query(t, a.q, a.rows, a.dk);
+  std::vector<float> q(size_t(a.rows * a.dk));
+  kv_query(t, a.q, a.rows, a.dk, q.data());
   float s[kKvKeyBlock];
   for (int64_t j0 = 0; j0 < a.n; j0 += kb) {
     const int64_t lo = std::max<int64_t>(a.first - j0, 0), hi = std::min<int64_t>(a.n - j0, kb);

@@ -5,7 +5,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
 #include "cpu/kernels.h"
 
@@ -27,9 +26,10 @@ void kv_store_key(KvType t, const float* k, int64_t dk, uint8_t* block, int64_t 
 void kv_store_value(KvType t, const float* v, int64_t dv, uint8_t* row);
 // A key block as floats, [dk][kKvKeyBlock].
 void kv_widen_keys(KvType t, const uint8_t* block, int64_t dk, float* out);
-// The query rows [rows][dk] as the attend kernels multiply them with keys of type t: q8_0 keys
-// take the query quantized to q8_0 (and here widened back); other types take it as it is.
-std::vector<float> kv_query(KvType t, const float* q, int rows, int64_t dk);
+// out [rows][dk] = the query rows q as the attend kernels multiply them with keys of type t: q8_0
+// keys take the query quantized to q8_0 (kv_quantize_query, here widened back; dk at most
+// kAttendQ8MaxDim); other types take it as it is. out may be q.
+void kv_query(KvType t, const float* q, int rows, int64_t dk, float* out);
 // The query rows [rows][dk] prepared for q8_0 keys (kernels.h QueryQ8View): qi [rows][dk], d and
 // off [rows][dk / 32]. dk a multiple of 32.
 void kv_quantize_query(const float* q, int rows, int64_t dk, int8_t* qi, float* d, int32_t* off);

@@ -687,8 +687,7 @@ void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const fl
       qoff.resize(qd.size());
       cpu::kv_quantize_query(qb.data(), int(rows), DK, qi.data(), qd.data(), qoff.data());
     } else if (q8) {
-      const std::vector<float> qw = cpu::kv_query(KvType::q8_0, qb.data(), int(rows), DK);
-      std::copy(qw.begin(), qw.end(), qb.begin());
+      cpu::kv_query(KvType::q8_0, qb.data(), int(rows), DK, qb.data());
     }
     const cpu::QueryQ8View qv{qi.data(), qd.data(), qoff.data(), DK};
     // K is stored transposed in blocks of kKeyBlock keys (KvCache::k_block): one GEMM per block

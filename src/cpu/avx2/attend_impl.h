@@ -44,13 +44,7 @@ constexpr size_t entry_bytes() {
 // The query rows for q8_0 keys: quantized to q8_0 and widened back (kernels.h AttendFn), [rows][dk].
 struct QueryQ8f {
   float q[kAttendMaxRows * kAttendQ8MaxDim];
-  QueryQ8f(const float* qf, int rows, int64_t dk) {
-    int8_t qi[kAttendMaxRows * kAttendQ8MaxDim];
-    float d[kAttendMaxRows * kAttendQ8MaxDim / 32];
-    int32_t off[kAttendMaxRows * kAttendQ8MaxDim / 32];
-    kv_quantize_query(qf, rows, dk, qi, d, off);
-    for (int64_t i = 0; i < rows * dk; ++i) q[i] = d[i / 32] * float(qi[i]);
-  }
+  QueryQ8f(const float* qf, int rows, int64_t dk) { kv_query(KvType::q8_0, qf, rows, dk, q); }
 };
 
 // s[r][c .. c + 16) = q_r . K_j for the R rows of q ([R][dk]) and keys c .. c + 15 of the block.
