@@ -24,7 +24,11 @@
 //    thread, a GQA group of 8 query rows of 128 dims over 512 keys that stay in L2: the kernel's
 //    compute rate without DRAM's noise. Counter ns_per_key.
 //
-//   build/bench/strata_bench_kernels --benchmark_filter='expert_ffn|gemm|onednn|attention|attend'
+//  - BM_tile/TYPE/N: the tile kernel alone on one thread, 64 weight rows x 2048 in L2 against N
+//    quantized activation rows (a routed expert of pp512 sees about 32), GOPs and peak_frac of
+//    the int8 loop on the same thread: the kernel's compute rate without DRAM or the pool.
+//
+//   build/bench/strata_bench_kernels --benchmark_filter='expert_ffn|gemm|onednn|attention|attend|tile'
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -219,6 +223,46 @@ void BM_gemm(benchmark::State& state, GgmlType type, int64_t batch) {
   state.SetLabel(std::string(quant_traits(type).name) + " " + std::string(cpu::isa_name()));
 }
 
+// The tile kernel alone on one thread: 64 rows x 2048 of `type` (interleaved as the loader
+// leaves them; 73 KB of Q4_K, in L2) against n_tok quantized activation rows, the way a routed
+// expert of a 512-token prefill meets it (about 32 tokens). peak_frac: against this thread's int8
+// loop (calibrate.h's probe on one thread), run in turn with the kernel so that both see the same
+// phase of the VM.
+void BM_tile(benchmark::State& state, GgmlType type, int64_t n_tok) {
+  constexpr int64_t kIn = 2048, kOut = 64;
+  const RandomWeights w(type, kIn, kOut, 1, 13);
+  const cpu::Matmul be(cpu::MatmulPath::quantized);
+  const std::vector<float> x = activations(kIn * n_tok, 9);
+  std::vector<uint8_t> abuf(be.act_row_bytes(type, kIn) * size_t(n_tok));
+  for (int64_t t = 0; t < n_tok; ++t)
+    be.prepare_row(type, x.data() + t * kIn, kIn, abuf.data() + size_t(t) * be.act_row_bytes(type, kIn));
+  const cpu::ActRows a{abuf.data(), be.act_row_bytes(type, kIn), n_tok};
+  std::vector<float> y(static_cast<size_t>(kOut * n_tok));
+  const Weight ws = w.stack();
+  const bool avx512 = cpu::cpu_kernels().isa == cpu::CpuIsa::avx512;
+  auto probe = [&] {  // GOP/s of the int8 loop on this thread
+    const double t0 = now_seconds();
+    const double macs = avx512 ? cpu::detail::int8_loop_avx512(200000) : cpu::detail::int8_loop_avx2(200000);
+    return 2 * macs / (now_seconds() - t0) / 1e9;
+  };
+  double kernel_s = 0, peak = 0;
+  int64_t n_probe = 0;
+  for (auto _ : state) {
+    const double t0 = now_seconds();
+    for (int i = 0; i < 16; ++i) be.tile(ws, 0, kOut, a, y.data(), kOut);
+    kernel_s += now_seconds() - t0;
+    benchmark::DoNotOptimize(y.data());
+    if (state.iterations() % 64 == 0) {
+      peak += probe();
+      ++n_probe;
+    }
+  }
+  const double gops = 2.0 * double(kIn * kOut * n_tok) * 16 * double(state.iterations()) / kernel_s / 1e9;
+  state.counters["GOPs"] = gops;
+  state.counters["peak_frac"] = n_probe > 0 ? gops / (peak / double(n_probe)) : 0.0;
+  state.SetLabel(std::string(quant_traits(type).name) + " " + std::string(cpu::isa_name()) + " 1 thread");
+}
+
 #if STRATA_BENCH_ONEDNN
 // oneDNN's matmul, y [batch][n_out] = x [batch][n_in] W^T, weights in `dt` (f32 or bf16),
 // activations in the same type, f32 out; its own threading (OpenMP) with the same thread count.
@@ -303,6 +347,12 @@ const int kRegistered = [] {
       benchmark::RegisterBenchmark(("BM_gemm/" + tname + "/" + std::to_string(batch)).c_str(), BM_gemm, type, batch)
           ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
   }
+  if (cpu::cpu_kernels().isa != cpu::CpuIsa::scalar)
+    for (GgmlType type : {GgmlType::q4_k, GgmlType::q6_k, GgmlType::q8_0})
+      for (int64_t n_tok : {8, 32, 128})
+        benchmark::RegisterBenchmark(("BM_tile/" + std::string(quant_traits(type).name) + "/" + std::to_string(n_tok)).c_str(),
+                                     BM_tile, type, n_tok)
+            ->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(1.0);
 #if STRATA_BENCH_ONEDNN
   for (auto dt : {dnnl::memory::data_type::f32, dnnl::memory::data_type::bf16})
     for (bool packed : {true, false})

@@ -344,7 +344,7 @@ TEST(GemmKernels, InterleavedMatchReference) {
       ++kernels;
       for (int64_t n : lengths_for(g.type))
         for (int64_t rows : {16, 48})
-          for (int64_t tok : {1, 2, 3, 4, 5, 7, 8, 9, 64}) {
+          for (int64_t tok : {1, 2, 3, 4, 5, 7, 8, 9, 33, 64}) {  // 33: blocks of 7 and 6 tokens
             if (ggml_row_bytes(g.type, uint64_t(n)) % cpu::interleave_layout(g.type).block != 0) continue;
             Problem p(rng, g.type, n, rows, tok, 0, tok % 2 ? 20 : 0);
             std::vector<uint8_t> w(p.w.size());

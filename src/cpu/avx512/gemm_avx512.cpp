@@ -10,9 +10,11 @@
 // panel at a time (group_panels: up to 40 KB, 2048 elements of Q4_K). Then for each token,
 // `vpdpbusd acc, w[g], broadcast(a[4g .. 4g + 4))` adds four products to each of the 16 rows at
 // once; a block of up to 8 tokens runs over the whole panel with its sums in registers, so each
-// unpacked register is loaded once per 8 tokens, the activations come in as embedded broadcasts
+// unpacked register is loaded once per 8 tokens, the activations come in as broadcast loads (an
+// embedded {1to16} operand, through inline asm, measured 5% slower on Zen 5; GCC 12 emits none)
 // and y is written once per panel. The unpacking is paid once per (16 rows, 256 elements) for
-// all tokens.
+// all tokens. Interleaved Q4_K skips the tile: its packed dwords are already one register per
+// group pair, and each token block splits the nibbles itself (q4K_packed_tokens).
 //
 // Math. The integer sums are the reference's exactly (quant_ref.h); the float part differs by
 // rounding order only:
@@ -196,10 +198,10 @@ class StreamPrefetch {
 // tokens(T, t0, tiles, u0, nu) runs tokens t0 .. t0 + T over units u0 .. u0 + nu (first panel:
 // u0 == 0). stream: where the group's unit 0 starts in a row-interleaved weight stream of
 // unit_bytes per unit (nullptr for the file layout: no prefetch).
-template <class Tile, class Unpack, class Tokens>
+template <class Tile, int64_t kPanel = std::max<int64_t>(1, int64_t(kPanelBytes / sizeof(Tile))), class Unpack,
+          class Tokens>
 void group_panels(int64_t n_units, int64_t n_tok, const uint8_t* stream, size_t unit_bytes, Unpack&& unpack,
                   Tokens&& tokens) {
-  constexpr int64_t kPanel = std::max<int64_t>(1, int64_t(kPanelBytes / sizeof(Tile)));
   thread_local std::vector<Tile> tiles(kPanel);
   const int64_t n_blocks = (n_tok + kTok - 1) / kTok;
   for (int64_t u0 = 0; u0 < n_units; u0 += kPanel) {
@@ -237,11 +239,13 @@ inline void scaled_subblocks(const __m512i* q, const __m512i* sc, const uint8_t*
 
 // ---- Q4_K / Q5_K ----
 
-struct TileQ45K {
-  __m512i q[64];    // group g: lane r = u8 quants 4g .. 4g + 3 of row r (Q5_K: fifth bit added)
+struct ScalesQ45K {
   __m512i sc[8];    // sub-block scales, int32 per row
   __m512i mins[4];  // int16 pairs per row: (m0, m2), (m1, m3), (m4, m6), (m5, m7)
   __m512 d, dmin;
+};
+struct TileQ45K : ScalesQ45K {
+  __m512i q[64];  // group g: lane r = u8 quants 4g .. 4g + 3 of row r (Q5_K: fifth bit added)
 };
 
 // Where a tile's 16 rows come from. load16(off, r): r[j] lane i = dword off / 4 + j of row i;
@@ -271,6 +275,38 @@ struct Interleaved {
   }
   const uint8_t* stream() const { return group; }
 };
+
+// The scales of super-block sb of a tile's 16 rows: d, dmin, and the 6-bit scales and mins.
+template <class Block, class Src>
+void unpack_q45K_scales(const Src& src, int64_t sb, ScalesQ45K& tile) {
+  const size_t base = size_t(sb) * sizeof(Block);
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  // d | dmin << 16, then the 12 packed scale bytes as three dwords (scale_min_k4, 16 rows at once)
+  static_assert(offsetof(Block, d) == 0 && offsetof(Block, dmin) == 2 && offsetof(Block, scales) == 4);
+  __m512i z[4];
+  src.load4(base, z);
+  tile.d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(z[0]));
+  tile.dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(z[0], 16)));
+  const __m512i m63 = _mm512_set1_epi8(63), m30 = _mm512_set1_epi8(0x30);
+  const __m512i sc_lo = _mm512_and_si512(z[1], m63);  // bytes sc0 .. sc3
+  const __m512i mn_lo = _mm512_and_si512(z[2], m63);  // m0 .. m3
+  const __m512i sc_hi = _mm512_or_si512(_mm512_and_si512(z[3], m4), _mm512_and_si512(_mm512_srli_epi32(z[1], 2), m30));
+  const __m512i mn_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(z[3], 4), m4),
+                                        _mm512_and_si512(_mm512_srli_epi32(z[2], 2), m30));
+  const __m512i byte0 = _mm512_set1_epi32(0xFF), words = _mm512_set1_epi32(0x00FF00FF);
+  tile.sc[0] = _mm512_and_si512(sc_lo, byte0);
+  tile.sc[1] = _mm512_and_si512(_mm512_srli_epi32(sc_lo, 8), byte0);
+  tile.sc[2] = _mm512_and_si512(_mm512_srli_epi32(sc_lo, 16), byte0);
+  tile.sc[3] = _mm512_srli_epi32(sc_lo, 24);
+  tile.sc[4] = _mm512_and_si512(sc_hi, byte0);
+  tile.sc[5] = _mm512_and_si512(_mm512_srli_epi32(sc_hi, 8), byte0);
+  tile.sc[6] = _mm512_and_si512(_mm512_srli_epi32(sc_hi, 16), byte0);
+  tile.sc[7] = _mm512_srli_epi32(sc_hi, 24);
+  tile.mins[0] = _mm512_and_si512(mn_lo, words);
+  tile.mins[1] = _mm512_and_si512(_mm512_srli_epi32(mn_lo, 8), words);
+  tile.mins[2] = _mm512_and_si512(mn_hi, words);
+  tile.mins[3] = _mm512_and_si512(_mm512_srli_epi32(mn_hi, 8), words);
+}
 
 template <class Block, bool kFifthBit, class Src>
 void unpack_q45K(const Src& src, int64_t sb, TileQ45K& tile) {
@@ -304,31 +340,7 @@ void unpack_q45K(const Src& src, int64_t sb, TileQ45K& tile) {
       tile.q[g + 8] = hi;
     }
   }
-  // d | dmin << 16, then the 12 packed scale bytes as three dwords (scale_min_k4, 16 rows at once)
-  static_assert(offsetof(Block, d) == 0 && offsetof(Block, dmin) == 2 && offsetof(Block, scales) == 4);
-  __m512i z[4];
-  src.load4(base, z);
-  tile.d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(z[0]));
-  tile.dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(z[0], 16)));
-  const __m512i m63 = _mm512_set1_epi8(63), m30 = _mm512_set1_epi8(0x30);
-  const __m512i sc_lo = _mm512_and_si512(z[1], m63);  // bytes sc0 .. sc3
-  const __m512i mn_lo = _mm512_and_si512(z[2], m63);  // m0 .. m3
-  const __m512i sc_hi = _mm512_or_si512(_mm512_and_si512(z[3], m4), _mm512_and_si512(_mm512_srli_epi32(z[1], 2), m30));
-  const __m512i mn_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(z[3], 4), m4),
-                                        _mm512_and_si512(_mm512_srli_epi32(z[2], 2), m30));
-  const __m512i byte0 = _mm512_set1_epi32(0xFF), words = _mm512_set1_epi32(0x00FF00FF);
-  tile.sc[0] = _mm512_and_si512(sc_lo, byte0);
-  tile.sc[1] = _mm512_and_si512(_mm512_srli_epi32(sc_lo, 8), byte0);
-  tile.sc[2] = _mm512_and_si512(_mm512_srli_epi32(sc_lo, 16), byte0);
-  tile.sc[3] = _mm512_srli_epi32(sc_lo, 24);
-  tile.sc[4] = _mm512_and_si512(sc_hi, byte0);
-  tile.sc[5] = _mm512_and_si512(_mm512_srli_epi32(sc_hi, 8), byte0);
-  tile.sc[6] = _mm512_and_si512(_mm512_srli_epi32(sc_hi, 16), byte0);
-  tile.sc[7] = _mm512_srli_epi32(sc_hi, 24);
-  tile.mins[0] = _mm512_and_si512(mn_lo, words);
-  tile.mins[1] = _mm512_and_si512(_mm512_srli_epi32(mn_lo, 8), words);
-  tile.mins[2] = _mm512_and_si512(mn_hi, words);
-  tile.mins[3] = _mm512_and_si512(_mm512_srli_epi32(mn_hi, 8), words);
+  unpack_q45K_scales<Block>(src, sb, tile);
 }
 
 // Per token and super-block the Q8_K pair sums p_s = bsums[2s] + bsums[2s + 1] as the int16
@@ -349,6 +361,23 @@ void bsum_pairs(const uint8_t* a, size_t a_stride, int64_t n_tok, int64_t nsb, s
   }
 }
 
+// A super-block's integer sums of T tokens (sumi) to floats, added to out: the mins term from the
+// pair sums (p: token 0's, pairs_stride apart), then da * (d * sumi - dmin * mins).
+template <int T>
+inline void q45K_finish(const ScalesQ45K& tile, const __m512i sumi[T], const uint8_t* const at[T], const int32_t* p,
+                        size_t pairs_stride, __m512 out[T]) {
+  for (int t = 0; t < T; ++t) {
+    const int32_t* pt = p + size_t(t) * pairs_stride;
+    __m512i mins = _mm512_setzero_si512();
+    for (int k = 0; k < 4; ++k) mins = _mm512_dpwssd_epi32(mins, tile.mins[k], _mm512_set1_epi32(pt[k]));
+    const __m512 v = _mm512_fmsub_ps(_mm512_cvtepi32_ps(sumi[t]), tile.d,
+                                     _mm512_mul_ps(_mm512_cvtepi32_ps(mins), tile.dmin));
+    float da;
+    std::memcpy(&da, at[t] + offsetof(block_q8_K, d), 4);
+    out[t] = _mm512_fmadd_ps(v, _mm512_set1_ps(da), out[t]);
+  }
+}
+
 // Tokens t0 .. t0 + T against a panel of np super-blocks (tiles[0 .. np)): a and pairs at the
 // panel's first super-block of token t0; the sums stay in registers over the panel, and y gets
 // them once (stored, or added after the first panel).
@@ -364,18 +393,45 @@ void q45K_tokens(const TileQ45K* tiles, int64_t np, const uint8_t* a, size_t a_s
     __m512i sumi[T];
     for (int t = 0; t < T; ++t) sumi[t] = _mm512_setzero_si512();
     scaled_subblocks<T, 8, 8>(tile.q, tile.sc, at, sumi);
-    for (int t = 0; t < T; ++t) {
-      const int32_t* p = pairs + size_t(t) * pairs_stride + 4 * size_t(i);
-      __m512i mins = _mm512_setzero_si512();
-      for (int k = 0; k < 4; ++k) mins = _mm512_dpwssd_epi32(mins, tile.mins[k], _mm512_set1_epi32(p[k]));
-      const __m512 v = _mm512_fmsub_ps(_mm512_cvtepi32_ps(sumi[t]), tile.d,
-                                       _mm512_mul_ps(_mm512_cvtepi32_ps(mins), tile.dmin));
-      float da;
-      std::memcpy(&da, at[t] + offsetof(block_q8_K, d), 4);
-      out[t] = _mm512_fmadd_ps(v, _mm512_set1_ps(da), out[t]);
-    }
+    q45K_finish<T>(tile, sumi, at, pairs + 4 * size_t(i), pairs_stride, out);
   }
   for (int t = 0; t < T; ++t) store_rows(y + t * ldy, mask, out[t], first);
+}
+
+// The same on interleaved Q4_K with no unpacked tile: the quants come straight from the group's
+// packed dwords (qs: super-block i's first, at qs + i * kQ4KGroupBytes), each register's low
+// nibbles for sub-block 2h and its high nibbles, loaded again, for 2h + 1 (cpu/repack.h; see
+// gemv_q4K_interleaved). Only the scales are unpacked (tiles). A routed expert of a 512-token
+// prefill sees about 32 tokens, over which the unpacking to L1 and back cost about a tenth of
+// its time; here each block of T tokens pays an AND (and a shift) per 8 T vpdpbusd instead.
+constexpr size_t kQ4KGroupBytes = kRows * sizeof(block_q4_K);
+template <int T>
+void q4K_packed_tokens(const uint8_t* qs, const ScalesQ45K* tiles, int64_t np, const uint8_t* a, size_t a_stride,
+                       const int32_t* pairs, size_t pairs_stride, float* y, int64_t ldy, bool first) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  __m512 out[T];
+  for (int t = 0; t < T; ++t) out[t] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < np; ++i) {
+    const uint8_t* blk = qs + size_t(i) * kQ4KGroupBytes;
+    const uint8_t* at[T];
+    for (int t = 0; t < T; ++t) at[t] = a + size_t(t) * a_stride + size_t(i) * sizeof(block_q8_K);
+    __m512i sumi[T];
+    for (int t = 0; t < T; ++t) sumi[t] = _mm512_setzero_si512();
+    for (int s = 0; s < 8; ++s) {
+      const int h = s / 2;
+      __m512i acc[T];
+      for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_si512();
+      for (int m = 0; m < 8; ++m) {
+        const __m512i q = load64(blk + 64 * (8 * h + m));
+        const __m512i w = _mm512_and_si512(s % 2 ? _mm512_srli_epi16(q, 4) : q, m4);
+        for (int t = 0; t < T; ++t)
+          acc[t] = _mm512_dpbusd_epi32(acc[t], w, bcast4(at[t] + kQ8KQs + 32 * s + 4 * m));
+      }
+      for (int t = 0; t < T; ++t) sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(acc[t], tiles[i].sc[s]));
+    }
+    q45K_finish<T>(tiles[i], sumi, at, pairs + 4 * size_t(i), pairs_stride, out);
+  }
+  for (int t = 0; t < T; ++t) store_rows(y + t * ldy, 0xFFFF, out[t], first);
 }
 
 // Software prefetch distance of the decode kernel: two super-blocks of a group ahead. The
@@ -524,7 +580,8 @@ constexpr int64_t kQ4KFusedTokens = 8, kQ6KFusedTokens = 6;
 
 // Tiles of Q4_K / Q5_K over 16 rows at a time from `Rows` (FileRows, or Interleaved: w the start
 // of a group, n_rows a multiple of 16). One token on interleaved Q4_K goes to the fused decode
-// kernel; otherwise panels of super-blocks are unpacked and shared by blocks of up to 8 tokens.
+// kernel, a few to its several-token form, more to q4K_packed_tokens over panels of unpacked
+// scales; otherwise panels of super-blocks are unpacked and shared by blocks of up to 8 tokens.
 template <class Block, bool kFifthBit, class Rows>
 void gemm_q45K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
                int64_t n_tok, float* y, int64_t ldy) {
@@ -557,6 +614,20 @@ void gemm_q45K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const 
         }
         continue;
       }
+    }
+    if constexpr (std::is_same_v<Rows, Interleaved> && !kFifthBit) {
+      // panels of the same 2048 elements as the unpacked tiles' (the group's weights and T
+      // tokens' activations in L1)
+      group_panels<ScalesQ45K, kPanelBytes / sizeof(TileQ45K)>(
+          nsb, n_tok, rows.stream(), kQ4KGroupBytes,
+          [&](int64_t sb, ScalesQ45K& tile) { unpack_q45K_scales<Block>(rows, sb, tile); },
+          [&](auto T, int64_t t0, const ScalesQ45K* tiles, int64_t sb0, int64_t np) {
+            q4K_packed_tokens<decltype(T)::value>(
+                rows.group + size_t(sb0) * kQ4KGroupBytes + offsetof(block_q4_K, qs) * kRows, tiles, np,
+                ab + size_t(t0) * a_stride + size_t(sb0) * sizeof(block_q8_K), a_stride,
+                pairs.data() + size_t(t0 * nsb + sb0) * 4, size_t(nsb) * 4, y + t0 * ldy + r0, ldy, sb0 == 0);
+          });
+      continue;
     }
     group_panels<TileQ45K>(
         nsb, n_tok, rows.stream(), kRows * sizeof(Block),
