@@ -96,7 +96,7 @@ class CpuBackend final : public Backend {
                      int64_t n_tok, int64_t pos0, float* out) const override;
   void swiglu_ffn(const Weight& gate, const Weight& up, const Weight& down, const float* h, int64_t n_tok,
                   const float* scale, bool accumulate, float* out, const SwigluOptions& opt = {}) const override;
-  void add(float* y, const float* x, int64_t n) const override { cpu::add(y, x, n); }
+  void add(float* y, const float* x, int64_t n) const override;
 
  private:
   cpu::Matmul mm_;

@@ -20,7 +20,17 @@ void CpuBackend::rms_norm_rows(const float* x, const Weight& w, int64_t n_tok, i
 
 void CpuBackend::rope(float* x, int64_t n_tok, int n_head, int head_dim, int64_t pos0,
                       const cpu::RopeParams& p) const {
-  for (int64_t t = 0; t < n_tok; ++t) cpu::rope(x + t * n_head * head_dim, n_head, head_dim, pos0 + t, p);
+  for_row_chunks(n_tok, int64_t(n_head) * head_dim, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) cpu::rope(x + t * n_head * head_dim, n_head, head_dim, pos0 + t, p);
+  });
+}
+
+void CpuBackend::add(float* y, const float* x, int64_t n) const {
+  constexpr int64_t kRow = 4096;  // floats a row of the chunking (n need not be a multiple)
+  for_row_chunks((n + kRow - 1) / kRow, kRow, [&](int64_t r0, int64_t r1) {
+    const int64_t i0 = r0 * kRow, i1 = std::min(n, r1 * kRow);
+    cpu::add(y + i0, x + i0, i1 - i0);
+  });
 }
 
 void CpuBackend::attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const float* q, int64_t n_tok,

@@ -764,8 +764,20 @@ void embed(const Model& m, const int32_t* tokens, int64_t n_tok, float* x) {
   for (int64_t t = 0; t < n_tok; ++t) cpu::get_row(m.tok_embd, tokens[t], x + t * E);
 }
 
+void for_row_chunks(int64_t n_rows, int64_t width, const std::function<void(int64_t, int64_t)>& fn) {
+  cpu::ThreadPool& pool = cpu::compute_pool();
+  if (n_rows * width < kPooledRowFloats || pool.size() == 1 || cpu::ThreadPool::in_pool()) {
+    fn(0, n_rows);
+    return;
+  }
+  const int64_t n_chunks = std::min<int64_t>(n_rows, 4 * int64_t(pool.size()));
+  pool.run(n_chunks, [&](int64_t c, int) { fn(n_rows * c / n_chunks, n_rows * (c + 1) / n_chunks); });
+}
+
 void rms_norm_rows(const float* x, const Weight& w, int64_t n_tok, int64_t n, float eps, float* out) {
-  for (int64_t t = 0; t < n_tok; ++t) cpu::rms_norm(x + t * n, f32(w), n, eps, out + t * n);
+  for_row_chunks(n_tok, n, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) cpu::rms_norm(x + t * n, f32(w), n, eps, out + t * n);
+  });
 }
 
 void gqa_attention(const Backend& be, const HParams& hp, const LayerWeights& l,
@@ -788,15 +800,17 @@ void gqa_attention(const Backend& be, const HParams& hp, const LayerWeights& l,
     be.rope(&q[size_t(t0 * H * DK)], seq.n_tok, int(H), int(DK), seq.pos0, hp.rope);
     be.rope(&k[size_t(t0 * HKV * DK)], seq.n_tok, int(HKV), int(DK), seq.pos0, hp.rope);
     KvCache& cache = *seq.cache;
-    for (int64_t i = 0; i < seq.n_tok; ++i) {
-      const int64_t t = t0 + i, pos = seq.pos0 + i, kb = KvCache::kKeyBlock;
-      const float* kt = &k[size_t(t * HKV * DK)];
-      const float* vt = &v[size_t(t * HKV * DV)];
-      for (int64_t hk = 0; hk < HKV; ++hk) {
-        cpu::kv_store_key(cache.type, kt + hk * DK, DK, cache.k_block_bytes(il, int(hk), pos / kb), pos % kb);
-        cpu::kv_store_value(cache.type, vt + hk * DV, DV, cache.v_row_bytes(il, int(hk), pos));
-      }
-    }
+    // by kv head (each head's key blocks and value rows are its own memory)
+    const int64_t ts = t0;
+    for_row_chunks(HKV, seq.n_tok * (DK + DV), [&](int64_t h0, int64_t h1) {
+      for (int64_t hk = h0; hk < h1; ++hk)
+        for (int64_t i = 0; i < seq.n_tok; ++i) {
+          const int64_t t = ts + i, pos = seq.pos0 + i, kb = KvCache::kKeyBlock;
+          cpu::kv_store_key(cache.type, &k[size_t((t * HKV + hk) * DK)], DK, cache.k_block_bytes(il, int(hk), pos / kb),
+                            pos % kb);
+          cpu::kv_store_value(cache.type, &v[size_t((t * HKV + hk) * DV)], DV, cache.v_row_bytes(il, int(hk), pos));
+        }
+    });
     t0 += seq.n_tok;
   }
   const AttentionParams ap{.n_head = hp.n_head,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "model/backend.h"
@@ -138,8 +139,17 @@ void attention_mla(int n_head, int kv_lora, int rope, float scale, KvCache& cach
 // x[t] = row tokens[t] of the token embeddings; x: [n_tok][n_embd].
 void embed(const Model& m, const int32_t* tokens, int64_t n_tok, float* x);
 
-// out[t] = RMSNorm(x[t]) * w for n_tok rows of n floats (may alias).
+// out[t] = RMSNorm(x[t]) * w for n_tok rows of n floats (may alias). A prefill's rows on
+// compute_pool() (for_row_chunks).
 void rms_norm_rows(const float* x, const Weight& w, int64_t n_tok, int64_t n, float eps, float* out);
+
+// fn(r0, r1) over rows [0, n_rows) of `width` floats each: on the calling thread when the rows
+// hold fewer than kPooledRowFloats floats (decode), else in about four chunks per thread of
+// compute_pool(). The per-row steps of a prefill (norms, RoPE, the residual add, the KV cache's
+// stores) are memory-bound and short, but on the caller alone they left the other threads idle
+// for about 5% of a 512-token prefill.
+inline constexpr int64_t kPooledRowFloats = int64_t(1) << 15;
+void for_row_chunks(int64_t n_rows, int64_t width, const std::function<void(int64_t, int64_t)>& fn);
 
 // The GQA attention sublayer of layer il on the normalised input h [n_tok][n_embd]: q, k, v (+ the
 // layer's biases), per-head q/k RMSNorm when the layer has it (qwen3moe), RoPE, the new keys and
