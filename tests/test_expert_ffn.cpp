@@ -17,15 +17,18 @@
 //    the reference the difference is the 8-bit rounding itself, 1-4e-2 on these random weights.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "cpu/fp16.h"
 #include "cpu/ops.h"
 #include "cpu/quant_blocks.h"
 #include "cpu/quant_traits.h"
+#include "cpu/thread_pool.h"
 #include "model/blocks.h"
 
 namespace strata {
@@ -263,6 +266,57 @@ TEST(ExpertFfn, MatchesThePerExpertReference) {
       {GgmlType::q4_k, GgmlType::q6_k, 300, true, false, GluKind::silu},
   };
   for (size_t i = 0; i < std::size(cases); ++i) check(cases[i], seed + i);
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// for_row_chunks: a prefill's rows each exactly once, in chunks on the pool; a decode step's in
+// one call on the caller. rms_norm_rows, which uses it, gives each row what cpu::rms_norm gives.
+TEST(RowChunks, EveryRowOnceAndSmallOnesOnTheCaller) {
+  const int64_t n_rows = 1000, width = 64;  // 64000 floats: pooled
+  std::vector<std::atomic<int>> seen(static_cast<size_t>(n_rows));
+  std::atomic<int> calls{0};
+  for_row_chunks(n_rows, width, [&](int64_t r0, int64_t r1) {
+    ASSERT_LE(0, r0);
+    ASSERT_LE(r0, r1);
+    ASSERT_LE(r1, n_rows);
+    calls.fetch_add(1);
+    for (int64_t r = r0; r < r1; ++r) seen[size_t(r)].fetch_add(1);
+  });
+  for (int64_t r = 0; r < n_rows; ++r) ASSERT_EQ(seen[size_t(r)].load(), 1) << "row " << r;
+  if (cpu::compute_pool().size() > 1) {
+    EXPECT_GT(calls.load(), 1);
+  }
+
+  int small_calls = 0;
+  const auto caller = std::this_thread::get_id();
+  for_row_chunks(4, width, [&](int64_t r0, int64_t r1) {
+    ++small_calls;
+    EXPECT_EQ(r0, 0);
+    EXPECT_EQ(r1, 4);
+    EXPECT_EQ(std::this_thread::get_id(), caller);
+  });
+  EXPECT_EQ(small_calls, 1);
+
+  const int64_t n_tok = 600, n = 128;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n_tok * n)), w(static_cast<size_t>(n)), got(x.size()), want(x.size());
+  for (float& v : x) v = nd(rng);
+  for (float& v : w) v = 1.0f + 0.1f * nd(rng);
+  Weight wt;
+  wt.data = reinterpret_cast<uint8_t*>(w.data());
+  wt.type = GgmlType::f32;
+  wt.n_in = n;
+  wt.n_out = 1;
+  wt.row_bytes = size_t(n) * sizeof(float);
+  rms_norm_rows(x.data(), wt, n_tok, n, 1e-6f, got.data());
+  for (int64_t t = 0; t < n_tok; ++t) cpu::rms_norm(x.data() + t * n, w.data(), n, 1e-6f, want.data() + t * n);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
 }
 
 }  // namespace
