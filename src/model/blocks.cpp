@@ -258,10 +258,13 @@ void run_ffns(const cpu::Matmul& be, const std::vector<FfnWork>& ffns, const flo
       if (!same_act) std::memcpy(&xu[(first[size_t(e)] + i) * hu.row_bytes], hu.row(t), hu.row_bytes);
     }
   };
-  // a prefill's gather (9.6 MB a layer in pp512 of qwen3-30b-a3b) on the pool, decode's on the caller
-  if (n_rows * hg.row_bytes >= (size_t(1) << 20)) pool.run(int64_t(n_ffn), [&](int64_t e, int) { gather(e); });
-  else
+  // a prefill's gather (9.6 MB a layer in pp512 of qwen3-30b-a3b) on the pool, one task per FFN
+  // (their token counts differ), by the size rule of for_row_chunks; decode's on the caller
+  if (n_rows * hg.row_bytes >= size_t(kPooledRowFloats) * sizeof(float)) {
+    pool.run(int64_t(n_ffn), [&](int64_t e, int) { gather(e); });
+  } else {
     for (size_t e = 0; e < n_ffn; ++e) gather(int64_t(e));
+  }
   const size_t ya_row = be.act_row_bytes(d0.type, F);
   ya.resize(n_rows * ya_row);
 
