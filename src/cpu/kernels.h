@@ -101,7 +101,9 @@ struct AttendArgs {
   const float* q = nullptr;  // [rows][dk]
   const uint8_t* k = nullptr;  // the first key block of the range
   size_t k_block_stride = 0;   // bytes from one key block to the next
-  const uint8_t* v = nullptr;  // the value row of the key block's first key
+  // the value row of the key block's first key; q8_0 kernels may read the row after the range's
+  // last (weighing it 0), so a cache holds one value row more than its positions
+  const uint8_t* v = nullptr;
   size_t v_row_stride = 0;     // bytes from one value row to the next
   int64_t first = 0, n = 0;
   float* m = nullptr;  // [rows]

@@ -97,7 +97,8 @@ struct KvCache {
     if (t == KvType::q8_0) {
       const int64_t dv = vw / n_head_kv;
       const size_t kbytes = size_t(n_head_kv) * (size_t(padded) / kKeyBlock) * cpu::kv_key_block_bytes(t, head_dim);
-      const size_t vbytes = size_t(n_head_kv) * size_t(ctx) * cpu::kv_value_row_bytes(t, dv);
+      // one row more: the attend kernels may read the row after a range's last (AttendArgs::v)
+      const size_t vbytes = (size_t(n_head_kv) * size_t(ctx) + 1) * cpu::kv_value_row_bytes(t, dv);
       kq.resize(size_t(n_layer));
       vq.resize(size_t(n_layer));
       for (int il = first; il < n_layer; ++il) {

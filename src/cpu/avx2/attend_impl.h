@@ -136,10 +136,10 @@ void rows_block(const AttendArgs& a, const float* q, int r0, int64_t j0, int64_t
   const uint8_t* blk = a.k + size_t(j0 / kAttendBlock) * a.k_block_stride;
   const uint8_t* v = a.v + size_t(j0) * a.v_row_stride;
   const bool lead = r0 == 0;  // the pass that prefetches
-  PacedPrefetch pf =
-      lead ? value_rows_prefetch(a, j0, lo, hi, T == KvType::q8_0 ? a.dk / 2 : 2 * a.dk) : PacedPrefetch();
+  PacedPrefetch pf = lead ? value_rows_prefetch(a, j0, lo, hi) : PacedPrefetch();
   for (int64_t c = 0; c < kAttendBlock; c += 16)
     scores_tile<T, R>(q + r0 * a.dk, a.dk, blk, c, s + r0 * kAttendBlock, pf);
+  pf.rest();
   // the block's softmax step for each row, without branches: keys outside [lo, hi) weigh 0; the
   // rows' corrections exp(m - m') in one vector (m = -inf gives 0), applied to o as the value
   // tiles load it
@@ -169,9 +169,10 @@ void rows_block(const AttendArgs& a, const float* q, int r0, int64_t j0, int64_t
     a.l[r0 + r] = a.l[r0 + r] * corr[r] + hsum(sum);
     a.m[r0 + r] = m_new[r];
   }
-  pf = lead ? next_key_block_prefetch(a, j0, a.dv / 16 * (hi - lo)) : PacedPrefetch();
+  pf = lead ? next_key_block_prefetch(a, j0) : PacedPrefetch();
   for (int64_t c0 = 0; c0 < a.dv; c0 += 16)
     values_tile<T, R>(s + r0 * kAttendBlock, corr, lo, hi, v, a.v_row_stride, c0, a.o + r0 * a.dv, a.dv, pf);
+  pf.rest();
 }
 
 template <KvType T>

@@ -43,28 +43,33 @@ inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<con
 class PacedPrefetch {
  public:
   PacedPrefetch() = default;
-  // [p, p + bytes) over `steps` calls of step()
-  PacedPrefetch(const uint8_t* p, size_t bytes, int64_t steps)
+  // [p, p + bytes): one line a step() (the last one again once all are asked for), and rest()
+  // asks for whatever the steps left. Branch-free: GCC keeps a hot loop's accumulators in place
+  // around it, where a loop inside step() made it copy them at every call.
+  PacedPrefetch(const uint8_t* p, size_t bytes)
       : p_(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(63))),
-        lines_(int64_t((reinterpret_cast<uintptr_t>(p) & 63) + bytes + 63) / 64),
-        per_step_(steps > 0 ? (lines_ + steps - 1) / steps : lines_) {}
+        end_(reinterpret_cast<const char*>((reinterpret_cast<uintptr_t>(p) + bytes + 63) & ~uintptr_t(63))) {}
   void step() {
-    for (int64_t i = 0; i < per_step_ && lines_ > 0; ++i, --lines_, p_ += 64) _mm_prefetch(p_, _MM_HINT_T0);
+    _mm_prefetch(p_, _MM_HINT_T0);
+    p_ = p_ + 64 < end_ ? p_ + 64 : p_;
+  }
+  void rest() {
+    for (; p_ < end_; p_ += 64) _mm_prefetch(p_, _MM_HINT_T0);
   }
 
  private:
   const char* p_ = nullptr;
-  int64_t lines_ = 0, per_step_ = 0;
+  const char* end_ = nullptr;
 };
 
-// The value rows of keys [lo, hi) of the key block at j0, over `steps` steps.
-inline PacedPrefetch value_rows_prefetch(const AttendArgs& a, int64_t j0, int64_t lo, int64_t hi, int64_t steps) {
-  return PacedPrefetch(a.v + size_t(j0 + lo) * a.v_row_stride, size_t(hi - lo) * a.v_row_stride, steps);
+// The value rows of keys [lo, hi) of the key block at j0.
+inline PacedPrefetch value_rows_prefetch(const AttendArgs& a, int64_t j0, int64_t lo, int64_t hi) {
+  return PacedPrefetch(a.v + size_t(j0 + lo) * a.v_row_stride, size_t(hi - lo) * a.v_row_stride);
 }
-// The key block after the one at j0 (none after the range's last), over `steps` steps.
-inline PacedPrefetch next_key_block_prefetch(const AttendArgs& a, int64_t j0, int64_t steps) {
+// The key block after the one at j0 (none after the range's last).
+inline PacedPrefetch next_key_block_prefetch(const AttendArgs& a, int64_t j0) {
   if (j0 + kKvKeyBlock >= a.n) return {};
-  return PacedPrefetch(a.k + size_t(j0 / kKvKeyBlock + 1) * a.k_block_stride, a.k_block_stride, steps);
+  return PacedPrefetch(a.k + size_t(j0 / kKvKeyBlock + 1) * a.k_block_stride, a.k_block_stride);
 }
 
 // exp(x) for 8 lanes: as ../avx512/exp512.h's exp16 (the same polynomial in 256-bit vectors); 2^n built in the exponent field (n clamped to [-126, 127]).

@@ -9,7 +9,9 @@
 //           vpdpbusd a row (4 dims a lane), the exact sums times the two scales;
 //   the block's online-softmax step per row;
 //   values: output tiles of 8 rows by 32 value columns accumulated over the block's keys, value
-//           rows widened as they are read.
+//           rows widened as they are read; q8_0 values in integers: the block's softmax weights
+//           times the rows' scales rounded to int16, two keys a vpdpwssd lane against the int8
+//           quants (values_q8).
 // Nothing is widened into memory; the block's scores ([rows][32]) stay in L1. The first pass over
 // a block paces the prefetches (simd_common.h PacedPrefetch): its scores loop one line of the
 // block's value rows per dimension, its value loop one line of the next key block per key.
@@ -24,7 +26,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 
 #include "cpu/avx2/simd_common.h"
@@ -40,16 +44,16 @@ constexpr int64_t kBlock = kKvKeyBlock;  // 32 keys: two vectors
 constexpr int kRowsPerPass = 8;
 static_assert(kBlock == 32, "the kernels hold a key block in two 16-wide vectors");
 
-// 16 consecutive entries at p as floats (q8_0: the int8 values, unscaled)
+// 16 consecutive entries at p as floats
 template <KvType T>
 inline __m512 load16f(const uint8_t* p) {
+  static_assert(T == KvType::f32 || T == KvType::f16);
   if constexpr (T == KvType::f32) return _mm512_loadu_ps(p);
-  else if constexpr (T == KvType::f16) return _mm512_cvtph_ps(load32(p));
-  else return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(p)));
+  else return _mm512_cvtph_ps(load32(p));
 }
 template <KvType T>
 constexpr size_t entry_bytes() {
-  return T == KvType::f32 ? 4 : T == KvType::f16 ? 2 : 1;
+  return T == KvType::f32 ? 4 : 2;
 }
 
 // The query rows of a call prepared for q8_0 keys (kernels.h QueryQ8View), on the stack.
@@ -77,6 +81,7 @@ void scores_block_q8(const QueryQ8View& qq, int r0, const uint8_t* blk, int64_t 
     for (int64_t g = 0; g < ng; ++g) {
       __m512i acc[R];
       for (int r = 0; r < R; ++r) acc[r] = _mm512_set1_epi32(qq.off[(r0 + r) * ng + g]);
+#pragma GCC unroll 8
       for (int64_t u = 0; u < 8; ++u) {
         const __m512i k = _mm512_loadu_si512(blk + ((g * 8 + u) * kBlock + 16 * h) * 4);
         pf.step();
@@ -136,16 +141,8 @@ __attribute__((noinline)) void values_tile(const float* p, const float* corr, in
     const uint8_t* row = v + size_t(j) * row_stride;
     pf.step();
     __m512 vv[C];
-    if constexpr (T == KvType::q8_0) {
-      // q8_0 rows are whole blocks of 32 (dv % 32 == 0), so c0 is a multiple of 32 and the
-      // tile's columns lie in one block: one scale
-      const auto* b = reinterpret_cast<const block_q8_0*>(row) + c0 / 32;
-      const __m512 d = _mm512_set1_ps(half_to_float(b->d));
-      for (int c = 0; c < C; ++c) vv[c] = _mm512_mul_ps(load16f<T>(reinterpret_cast<const uint8_t*>(b->qs) + 16 * c), d);
-    } else {
-      constexpr size_t es = entry_bytes<T>();
-      for (int c = 0; c < C; ++c) vv[c] = load16f<T>(row + size_t(c0 + 16 * c) * es);
-    }
+    constexpr size_t es = entry_bytes<T>();
+    for (int c = 0; c < C; ++c) vv[c] = load16f<T>(row + size_t(c0 + 16 * c) * es);
     for (int r = 0; r < R; ++r) {
       const __m512 b = _mm512_set1_ps(p[r * kBlock + j]);
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(b, vv[c], acc[r][c]);
@@ -155,15 +152,159 @@ __attribute__((noinline)) void values_tile(const float* p, const float* corr, in
     for (int c = 0; c < C; ++c) _mm512_storeu_ps(o + r * dv + c0 + 16 * c, acc[r][c]);
 }
 
-template <KvType T, int R>
-void rows_block(const AttendArgs& a, const QueryQ8* qq, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
+// Lane r of the result (r < R <= 8) = op over the 32 scores x[r][0], x[r][1] of row r, other lanes
+// anything: the rows transposed as they are reduced (three rounds of 128-bit and in-lane
+// shuffles for all rows together), where reducing each row alone took eight dependent steps a row.
+template <int R, class Op>
+inline __m512 rows_reduce(const __m512 (&x)[R][2], __m512 pad, Op op) {
+  static_assert(R >= 1 && R <= 8);
+  __m512 a[8];
+  for (int r = 0; r < 8; ++r) a[r] = r < R ? op(x[r][0], x[r][1]) : pad;
+  __m512 b[4];  // b[i]: row 2i's 8 partials in quarters 0-1, row 2i + 1's in 2-3
+  for (int i = 0; i < 4; ++i)
+    b[i] = op(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+              _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  __m512 c[2];  // c[i]: row 4i + k's 4 partials in quarter k
+  for (int i = 0; i < 2; ++i)
+    c[i] = op(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+              _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  // quarter k: lanes (row k, row k + 4) twice
+  const __m512 u = op(_mm512_unpacklo_ps(c[0], c[1]), _mm512_unpackhi_ps(c[0], c[1]));
+  const __m512 t = op(u, _mm512_shuffle_ps(u, u, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0), t);
+}
+inline __m512 max_op(__m512 x, __m512 y) { return _mm512_max_ps(x, y); }
+inline __m512 add_op(__m512 x, __m512 y) { return _mm512_add_ps(x, y); }
+
+// ---- q8_0 values in integers ----
+//
+// A block's softmax weights times the value rows' scales, w_j = p_j d_j (p_j = exp(s_j - the
+// block's max score) <= 1), are rounded to int16 against the block's largest scale: 32767 w_j /
+// dmax. Then vpdpwssd takes two keys a lane: (w_j, w_j+1) broadcast against the int8 quants of
+// rows j and j + 1 widened to int16 and interleaved by column; the exact int32 sums go to floats
+// once per block, times dmax / 32767 and the block's exp(max - m). Per key and 16 columns that is
+// one vpdpwssd a row for half a key, where widening to floats cost a conversion chain and one FMA
+// a row per key. The rounding of w_j is at most 2^-16 of the block's largest weight, 2^8 below the
+// values' own q8_0 step.
+
+// The dword of _mm512_packs_epi32(keys 0-15, keys 16-31) that holds the int16 weights of keys 2i
+// and 2i + 1: the pack interleaves its two sources by 128-bit lane.
+constexpr int8_t kPairDword[16] = {0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15};
+
+// o[r][32 b .. 32 b + 32) = o[r][..] corr[r] + scale[r] sum over keys j in [j_lo, hi) of w[r][j] v_j
+// (value block b): w [R][16] dwords of int16 weight pairs as kPairDword places them (0 outside
+// the keys of the block's range), value rows at v (row_stride bytes apart), j_lo even. The
+// interleave leaves column 8k + i of the 32 in lane 4k + i of the low sums (i < 4) and 4k + i - 4
+// of the high; the floats are put back in column order before they meet o.
+template <int R>
+__attribute__((noinline)) void values_q8(const int32_t* w, const float* corr, const float* scale, int64_t j_lo,
+                                         int64_t hi, const uint8_t* v, size_t row_stride, int64_t b, float* o,
+                                         int64_t dv, PacedPrefetch& pf) {
+  __m512i acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+  const uint8_t* row = v + size_t(j_lo) * row_stride + size_t(b) * sizeof(block_q8_0) + offsetof(block_q8_0, qs);
+  // one loop with no branch or tail: an odd last key pairs with the row after it (weight 0;
+  // AttendArgs::v). A tail after the loop, or a masked load, made GCC 12 copy every accumulator
+  // once or twice an iteration.
+  for (int64_t j = j_lo; j < hi; j += 2, row += 2 * row_stride) {
+    pf.step();
+    const __m512i v0 = _mm512_cvtepi8_epi16(load32(row));
+    const __m512i v1 = _mm512_cvtepi8_epi16(load32(row + row_stride));
+    const __m512i lo = _mm512_unpacklo_epi16(v0, v1), hi_cols = _mm512_unpackhi_epi16(v0, v1);
+    const int32_t* wj = w + kPairDword[j / 2];
+    for (int r = 0; r < R; ++r) {
+      const __m512i pw = _mm512_set1_epi32(wj[16 * r]);
+      acc[r][0] = _mm512_dpwssd_epi32(acc[r][0], lo, pw);
+      acc[r][1] = _mm512_dpwssd_epi32(acc[r][1], hi_cols, pw);
+    }
+  }
+  // column c's lane: (c % 8 < 4 ? low : high) 4 (c / 8) + c % 4; high lanes are 16 on in permutex2var
+  const __m512i cols0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i cols1 = _mm512_add_epi32(cols0, _mm512_set1_epi32(8));
+  for (int r = 0; r < R; ++r) {
+    const __m512 f0 = _mm512_cvtepi32_ps(acc[r][0]), f1 = _mm512_cvtepi32_ps(acc[r][1]);
+    float* orow = o + r * dv + 32 * b;
+    const __m512 sc = _mm512_set1_ps(scale[r]), cr = _mm512_set1_ps(corr[r]);
+    _mm512_storeu_ps(orow, _mm512_fmadd_ps(_mm512_permutex2var_ps(f0, cols0, f1), sc,
+                                           _mm512_mul_ps(_mm512_loadu_ps(orow), cr)));
+    _mm512_storeu_ps(orow + 16, _mm512_fmadd_ps(_mm512_permutex2var_ps(f0, cols1, f1), sc,
+                                                _mm512_mul_ps(_mm512_loadu_ps(orow + 16), cr)));
+  }
+}
+
+// rows_block for q8_0 entries: integer scores, the softmax step against the block's own max, then
+// each value block in integers (values_q8).
+template <int R>
+void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
   const uint8_t* blk = a.k + size_t(j0 / kBlock) * a.k_block_stride;
   const uint8_t* v = a.v + size_t(j0) * a.v_row_stride;
   const bool lead = r0 == 0;  // the pass that prefetches
-  PacedPrefetch pf =
-      lead ? value_rows_prefetch(a, j0, lo, hi, T == KvType::q8_0 ? a.dk / 2 : a.dk) : PacedPrefetch();
-  if constexpr (T == KvType::q8_0) scores_block_q8<R>(qq->view, r0, blk, kBlock, s + r0 * kBlock, kBlock, pf);
-  else scores_block<T, R>(a.q + r0 * a.dk, a.dk, blk, s + r0 * kBlock, pf);
+  PacedPrefetch pf = lead ? value_rows_prefetch(a, j0, lo, hi) : PacedPrefetch();
+  scores_block_q8<R>(qq.view, r0, blk, kBlock, s + r0 * kBlock, kBlock, pf);
+  pf.rest();
+  // per row: the block's max score bm over [lo, hi), m' = max(m, bm), the correction exp(m - m')
+  // of what o holds, the block's factor exp(bm - m'), and its weights exp(s - bm) (0 outside)
+  const __mmask32 live = __mmask32((hi - lo >= 32 ? ~0u : ((1u << (hi - lo)) - 1)) << lo);
+  const __mmask16 rows = __mmask16((1u << R) - 1);
+  const __m512 ninf = _mm512_set1_ps(-INFINITY);
+  __m512 p[R][2];
+  for (int r = 0; r < R; ++r) {
+    const float* sr = s + (r0 + r) * kBlock;
+    p[r][0] = _mm512_mask_blend_ps(__mmask16(live), ninf, _mm512_loadu_ps(sr));
+    p[r][1] = _mm512_mask_blend_ps(__mmask16(live >> 16), ninf, _mm512_loadu_ps(sr + 16));
+  }
+  alignas(64) float bm[16], corr[16], e[16];
+  const __m512 bmv = rows_reduce<R>(p, ninf, max_op);
+  const __m512 m_old = _mm512_maskz_loadu_ps(rows, a.m + r0), m_new = _mm512_max_ps(m_old, bmv);
+  const __m512 corrv = exp16(_mm512_sub_ps(m_old, m_new)), ev = exp16(_mm512_sub_ps(bmv, m_new));
+  _mm512_store_ps(bm, bmv);
+  _mm512_store_ps(corr, corrv);
+  _mm512_store_ps(e, ev);
+  _mm512_mask_storeu_ps(a.m + r0, rows, m_new);
+  for (int r = 0; r < R; ++r) {
+    const __m512 mm = _mm512_set1_ps(bm[r]);
+    p[r][0] = exp16(_mm512_sub_ps(p[r][0], mm));
+    p[r][1] = exp16(_mm512_sub_ps(p[r][1], mm));
+  }
+  const __m512 sums = rows_reduce<R>(p, _mm512_setzero_ps(), add_op);
+  _mm512_mask_storeu_ps(a.l + r0, rows,
+                        _mm512_fmadd_ps(_mm512_maskz_loadu_ps(rows, a.l + r0), corrv, _mm512_mul_ps(ev, sums)));
+  const int64_t nb = a.dv / 32, j_lo = lo & ~int64_t(1);
+  pf = lead ? next_key_block_prefetch(a, j0) : PacedPrefetch();
+  alignas(64) int32_t w[R * 16];
+  // byte offsets of the block's value rows: their scales are gathered (live keys only)
+  const __m512i rows0 = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(int(a.v_row_stride)));
+  const __m512i rows1 = _mm512_add_epi32(rows0, _mm512_set1_epi32(int(16 * a.v_row_stride)));
+  float scale[R];
+  for (int64_t b = 0; b < nb; ++b) {
+    // the value rows' scales of block b (0 outside [lo, hi): the unwritten slots may hold anything)
+    const uint8_t* d = v + size_t(b) * sizeof(block_q8_0);
+    const __m512 d0 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
+        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), __mmask16(live), rows0, d, 1)));
+    const __m512 d1 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
+        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), __mmask16(live >> 16), rows1, d, 1)));
+    const float dmax = _mm512_reduce_max_ps(_mm512_max_ps(d0, d1));
+    const __m512 k = _mm512_set1_ps(dmax > 0 ? 32767.0f / dmax : 0.0f);
+    const __m512 dn0 = _mm512_mul_ps(d0, k), dn1 = _mm512_mul_ps(d1, k);
+    for (int r = 0; r < R; ++r) {
+      _mm512_store_si512(w + r * 16, _mm512_packs_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(p[r][0], dn0)),
+                                                        _mm512_cvtps_epi32(_mm512_mul_ps(p[r][1], dn1))));
+      scale[r] = e[r] * (dmax / 32767.0f);
+    }
+    values_q8<R>(w, corr, scale, j_lo, hi, v, a.v_row_stride, b, a.o + r0 * a.dv, a.dv, pf);
+  }
+  pf.rest();
+}
+
+template <KvType T, int R>
+void rows_block(const AttendArgs& a, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
+  const uint8_t* blk = a.k + size_t(j0 / kBlock) * a.k_block_stride;
+  const uint8_t* v = a.v + size_t(j0) * a.v_row_stride;
+  const bool lead = r0 == 0;  // the pass that prefetches
+  PacedPrefetch pf = lead ? value_rows_prefetch(a, j0, lo, hi) : PacedPrefetch();
+  scores_block<T, R>(a.q + r0 * a.dk, a.dk, blk, s + r0 * kBlock, pf);
+  pf.rest();
   // the block's softmax step for each row, without branches: keys outside [lo, hi) weigh 0; the
   // rows' corrections exp(m - m') in one vector (m = -inf gives 0), applied to o as the value
   // tiles load it
@@ -189,12 +330,13 @@ void rows_block(const AttendArgs& a, const QueryQ8* qq, int r0, int64_t j0, int6
     a.l[r0 + r] = a.l[r0 + r] * corr[r] + _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
     a.m[r0 + r] = m_new[r];
   }
-  pf = lead ? next_key_block_prefetch(a, j0, (a.dv + 31) / 32 * (hi - lo)) : PacedPrefetch();
+  pf = lead ? next_key_block_prefetch(a, j0) : PacedPrefetch();
   int64_t c0 = 0;
   for (; c0 + 32 <= a.dv; c0 += 32)
     values_tile<T, R, 2>(s + r0 * kBlock, corr, lo, hi, v, a.v_row_stride, c0, a.o + r0 * a.dv, a.dv, pf);
   if (c0 < a.dv)
     values_tile<T, R, 1>(s + r0 * kBlock, corr, lo, hi, v, a.v_row_stride, c0, a.o + r0 * a.dv, a.dv, pf);
+  pf.rest();
 }
 
 template <KvType T, int R>
@@ -202,7 +344,8 @@ void rows_pass(const AttendArgs& a, const QueryQ8* qq, int r0, int64_t j0, int64
   if constexpr (R > 1) {
     if (a.rows - r0 < R) return rows_pass<T, R - 1>(a, qq, r0, j0, lo, hi, s);
   }
-  rows_block<T, R>(a, qq, r0, j0, lo, hi, s);
+  if constexpr (T == KvType::q8_0) rows_block_q8<R>(a, *qq, r0, j0, lo, hi, s);
+  else rows_block<T, R>(a, r0, j0, lo, hi, s);
 }
 
 template <KvType T>
