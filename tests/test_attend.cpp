@@ -17,6 +17,8 @@
 #include "cpu/kernels.h"
 #include "cpu/kv_format.h"
 #include "kernel_test_random.h"
+#include "model/blocks.h"
+#include "model/kv_cache.h"
 
 namespace strata {
 namespace {
@@ -147,6 +149,76 @@ TEST(AttendKernels, MatchDoubleSoftmaxOnEveryFormatAndIsa) {
       }
     }
   }
+}
+
+// A prefill batch through attention_gqa (more tokens than a verification batch: the attend kernel
+// over each block's shared keys, then each token's own) against a double softmax over the cache's
+// entries widened, per head: causal, with a sliding window shorter and longer than a block of
+// tokens, with sinks, for GQA groups whose token blocks hold 2, 5 and 16 tokens. Tolerance as
+// above (q8_0 on AVX-512: the integer values' 4e-4).
+TEST(AttentionGqa, PrefillMatchesDoubleSoftmax) {
+  SEED_TRACE();
+  Rng rng(44);
+  struct Shape {
+    int n_head, n_head_kv, n_swa;
+    bool sinks;
+  };
+  const int64_t D = 64, pos0 = 70, n_tok = 40, ctx = pos0 + n_tok + 5;
+  for (KvType t : {KvType::f16, KvType::q8_0})
+    for (const Shape& sh : {Shape{16, 2, 0, false}, Shape{12, 4, 3, true}, Shape{4, 4, 50, false}, Shape{16, 2, 9, true}}) {
+      SCOPED_TRACE(std::string(cpu::kv_type_name(t)) + " heads " + std::to_string(sh.n_head) + "/" +
+                   std::to_string(sh.n_head_kv) + " window " + std::to_string(sh.n_swa) + (sh.sinks ? " sinks" : ""));
+      KvCache cache;
+      cache.init_key_blocks(1, int(ctx), sh.n_head_kv, int(D), int(sh.n_head_kv * D), t);
+      std::vector<float> x(static_cast<size_t>(D));
+      for (int hk = 0; hk < sh.n_head_kv; ++hk)
+        for (int64_t j = 0; j < pos0 + n_tok; ++j) {
+          for (float& e : x) e = rng.normal();
+          cpu::kv_store_key(t, x.data(), D, cache.k_block_bytes(0, hk, j / KvCache::kKeyBlock), j % KvCache::kKeyBlock);
+          for (float& e : x) e = rng.normal();
+          cpu::kv_store_value(t, x.data(), D, cache.v_row_bytes(0, hk, j));
+        }
+      std::vector<float> q(size_t(n_tok * sh.n_head * D)), sinks(static_cast<size_t>(sh.n_head));
+      for (float& e : q) e = rng.normal();
+      for (float& e : sinks) e = 2.0f * rng.normal();
+      const AttentionParams p{.n_head = sh.n_head, .n_head_kv = sh.n_head_kv, .head_dim_k = int(D), .head_dim_v = int(D),
+                              .scale = 0.3f / std::sqrt(float(D)), .n_swa = sh.n_swa,
+                              .sinks = sh.sinks ? sinks.data() : nullptr};
+      std::vector<float> got(q.size());
+      attention_gqa(p, cache, 0, q.data(), n_tok, pos0, got.data());
+      const int group = sh.n_head / sh.n_head_kv;
+      std::vector<float> qs(static_cast<size_t>(D)), kf(size_t(D * KvCache::kKeyBlock)), vf(static_cast<size_t>(D));
+      std::vector<double> want(q.size(), 0.0);
+      for (int64_t tk = 0; tk < n_tok; ++tk)
+        for (int h = 0; h < sh.n_head; ++h) {
+          const int hk = h / group;
+          const int64_t pos = pos0 + tk, first = sh.n_swa > 0 ? std::max<int64_t>(0, pos - sh.n_swa + 1) : 0;
+          for (int64_t d = 0; d < D; ++d) qs[size_t(d)] = q[size_t((tk * sh.n_head + h) * D + d)] * p.scale;
+          cpu::kv_query(t, qs.data(), 1, D, qs.data());
+          std::vector<double> sc;
+          double mx = sh.sinks ? double(sinks[size_t(h)]) : -INFINITY;
+          for (int64_t j = first; j <= pos; ++j) {
+            cpu::kv_widen_keys(t, cache.k_block_bytes(0, hk, j / KvCache::kKeyBlock), D, kf.data());
+            double acc = 0;
+            for (int64_t d = 0; d < D; ++d) acc += double(qs[size_t(d)]) * kf[size_t(d * KvCache::kKeyBlock + j % KvCache::kKeyBlock)];
+            sc.push_back(acc);
+            mx = std::max(mx, acc);
+          }
+          double sum = sh.sinks ? std::exp(double(sinks[size_t(h)]) - mx) : 0.0;
+          for (double v : sc) sum += std::exp(v - mx);
+          double* o = &want[size_t((tk * sh.n_head + h) * D)];
+          for (int64_t j = first; j <= pos; ++j) {
+            cpu::kv_widen_values(t, cache.v_row_bytes(0, hk, j), cache.v_row_stride(), 1, D, vf.data());
+            const double w = std::exp(sc[size_t(j - first)] - mx) / sum;
+            for (int64_t d = 0; d < D; ++d) o[d] += w * vf[size_t(d)];
+          }
+        }
+      double scale = 0, worst = 0;
+      for (double v : want) scale = std::max(scale, std::abs(v));
+      for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(double(got[i]) - want[i]));
+      const double tolerance = t == KvType::q8_0 && cpu::isa_supported(cpu::CpuIsa::avx512) ? 4e-4 : 2e-5;
+      EXPECT_LT(worst, tolerance * scale);
+    }
 }
 
 // Prefill's integer scores over a q8_0 key block (KernelTable::scores_q8, where the ISA has it)

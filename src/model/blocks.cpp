@@ -637,17 +637,95 @@ void attention_decode(const AttentionParams& p, KvCache& cache, int layer, const
   });
 }
 
+// Prefill (more tokens than a verification batch) over f16 / q8_0 caches, through the same attend
+// kernel as decode: one task per kv head and block of T = kAttendMaxRows / group tokens, whose
+// rows (token, head in group) first take the keys all T tokens see in one call (the block's keys
+// and values read once for all T tokens), then each token's rows take the keys only it sees (the
+// causal diagonal, and under a sliding window the keys the later tokens no longer see), continuing
+// the same running max, sum and output; then the sink and the normalisation. Against scores of
+// all keys, a softmax over them and a GEMM with the values, the scores never leave L1 and the
+// values are multiplied as the kernel does (q8_0: in integers).
+void attention_prefill(const AttentionParams& p, KvCache& cache, int layer, const float* q, int64_t n_tok,
+                       int64_t pos0, float* out) {
+  const int group = p.n_head / p.n_head_kv;
+  const int64_t HKV = p.n_head_kv, DK = p.head_dim_k, DV = p.head_dim_v, kb = KvCache::kKeyBlock;
+  const int64_t T = std::max<int64_t>(1, cpu::kAttendMaxRows / group), n_blocks = (n_tok + T - 1) / T;
+  const cpu::AttendFn attend = cpu::cpu_kernels().attend[size_t(cache.type)];
+  // keys [first, end) of the token at t
+  auto first = [&](int64_t t) { return p.n_swa > 0 ? std::max<int64_t>(0, pos0 + t - p.n_swa + 1) : int64_t(0); };
+  cpu::compute_pool().run(n_blocks * HKV, [&](int64_t task, int) {
+    const int64_t hk = task % HKV, t0 = (task / HKV) * T, t1 = std::min(n_tok, t0 + T);
+    const int rows = int((t1 - t0) * group);
+    thread_local std::vector<float> qb, m, l, o;
+    qb.resize(size_t(rows * DK));
+    m.assign(size_t(rows), -INFINITY);
+    l.assign(size_t(rows), 0.0f);
+    o.assign(size_t(rows * DV), 0.0f);
+    for (int64_t t = t0; t < t1; ++t)
+      for (int g = 0; g < group; ++g) {
+        const float* src = q + (t * p.n_head + hk * group + g) * DK;
+        float* dst = &qb[size_t(((t - t0) * group + g) * DK)];
+        for (int64_t d = 0; d < DK; ++d) dst[d] = src[d] * p.scale;
+      }
+    // rows [r0, r0 + nr) over keys [lo, hi)
+    auto run = [&](int r0, int nr, int64_t lo, int64_t hi) {
+      if (lo >= hi) return;
+      const int64_t j0 = lo / kb * kb;
+      cpu::AttendArgs a;
+      a.rows = nr;
+      a.dk = DK;
+      a.dv = DV;
+      a.q = &qb[size_t(r0 * DK)];
+      a.k = cache.k_block_bytes(layer, int(hk), j0 / kb);
+      a.k_block_stride = cache.k_block_stride();
+      a.v = cache.v_row_bytes(layer, int(hk), j0);
+      a.v_row_stride = cache.v_row_stride();
+      a.first = lo - j0;
+      a.n = hi - j0;
+      a.m = &m[size_t(r0)];
+      a.l = &l[size_t(r0)];
+      a.o = &o[size_t(r0 * DV)];
+      attend(a);
+    };
+    // the keys every token of the block sees: from the last token's window start to the first
+    // token's position (none when the window is shorter than the block: then c_lo = c_hi, and
+    // each token's two ranges below still split its keys)
+    const int64_t c_hi = pos0 + t0 + 1, c_lo = std::min(first(t1 - 1), c_hi);
+    run(0, rows, c_lo, c_hi);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int r0 = int((t - t0) * group);
+      const int64_t f = first(t), e = pos0 + t + 1;
+      run(r0, group, f, std::min(c_lo, e));
+      run(r0, group, std::max(c_hi, f), e);
+    }
+    for (int r = 0; r < rows; ++r) {
+      const int64_t t = t0 + r / group, head = hk * group + r % group;
+      float keep = 1.0f, sum = l[size_t(r)];  // o and l are relative to m: the sink joins them there
+      if (p.sinks) {
+        const float mx = std::max(m[size_t(r)], p.sinks[head]);
+        keep = std::exp(m[size_t(r)] - mx);
+        sum = sum * keep + std::exp(p.sinks[head] - mx);
+      }
+      const float w = keep / sum;
+      float* dst = out + (t * p.n_head + head) * DV;
+      for (int64_t i = 0; i < DV; ++i) dst[i] = o[size_t(r * DV) + size_t(i)] * w;
+    }
+  });
+}
+
 }  // namespace
 
 void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const float* q,
                    int64_t n_tok, int64_t pos0, float* out) {
   const int group = p.n_head / p.n_head_kv;
-  if (cache.type != KvType::f32 && n_tok <= cpu::kBatchInvariantTokens && group <= cpu::kAttendMaxRows &&
-      p.head_dim_v % 16 == 0) {
-    attention_decode(p, cache, layer, q, n_tok, pos0, out);
+  if (cache.type != KvType::f32 && group <= cpu::kAttendMaxRows && p.head_dim_v % 16 == 0) {
+    if (n_tok <= cpu::kBatchInvariantTokens) attention_decode(p, cache, layer, q, n_tok, pos0, out);
+    else attention_prefill(p, cache, layer, q, n_tok, pos0, out);
     return;
   }
   const int64_t DK = p.head_dim_k, DV = p.head_dim_v;
+  // The f32 cache (the exact path) and shapes the attend kernels do not take (a GQA group of more
+  // than kAttendMaxRows heads, value heads not a multiple of 16 wide).
   // A task: one kv head and a block of query tokens; its queries are the `group` heads that share
   // the kv head, for every token of the block: rows (token, head in group). Two float GEMMs:
   // scores = Q K^T over the keys any of its tokens sees, then out = softmax(scores) V; keys a row
