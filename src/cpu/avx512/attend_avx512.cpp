@@ -28,7 +28,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <optional>
 
 #include "cpu/avx2/simd_common.h"
@@ -184,8 +183,8 @@ inline __m512 add_op(__m512 x, __m512 y) { return _mm512_add_ps(x, y); }
 // rows j and j + 1 widened to int16 and interleaved by column; the exact int32 sums go to floats
 // once per block, times dmax / 32767 and the block's exp(max - m). Per key and 16 columns that is
 // one vpdpwssd a row for half a key, where widening to floats cost a conversion chain and one FMA
-// a row per key. The rounding of w_j is at most 2^-16 of the block's largest weight, 2^8 below the
-// values' own q8_0 step.
+// a row per key. The rounding of w_j is at most 2^-16 of the block's largest weight, where the
+// values' own q8_0 step is 2^-7 of their block's largest.
 
 // The dword of _mm512_packs_epi32(keys 0-15, keys 16-31) that holds the int16 weights of keys 2i
 // and 2i + 1: the pack interleaves its two sources by 128-bit lane.
