@@ -4,8 +4,8 @@
 //
 // Per key block of 32 keys: the scores of up to 4 query rows by 16 keys at a time (8 accumulators:
 // each widened key vector feeds 4 rows), read straight from the cache entries (f16: F16C; q8_0:
-// each key's int8 dims shifted out of its dword, times its group scale, against the query
-// quantized to q8_0 once a call); the block's softmax step; then the output
+// in integers, `vpmaddubsw` / `vpmaddwd` on each key's 4 dims against the query quantized to q8_0
+// once a call, scores_tile_q8); the block's softmax step; then the output
 // tiles of 4 rows by 16 value columns accumulated over the block's keys, value rows widened as
 // they are read. Nothing is widened into memory, and the block's scores ([rows][32]) stay in L1.
 // The first pass over a block paces the prefetches (simd_common.h PacedPrefetch): its scores
@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 
 #include "cpu/avx2/simd_common.h"
@@ -41,15 +42,56 @@ constexpr size_t entry_bytes() {
   return T == KvType::f32 ? 4 : T == KvType::f16 ? 2 : 1;
 }
 
-// The query rows for q8_0 keys: quantized to q8_0 and widened back (kernels.h AttendFn), [rows][dk].
-struct QueryQ8f {
-  float q[kAttendMaxRows * kAttendQ8MaxDim];
-  QueryQ8f(const float* qf, int rows, int64_t dk) { kv_query(KvType::q8_0, qf, rows, dk, q); }
+// The query rows for q8_0 keys, quantized to q8_0 (kernels.h AttendFn, kv_format.h
+// kv_quantize_query): q [rows][dk] int8, d [rows][dk / 32] (off: unused here, the keys are made
+// signed instead).
+struct QueryQ8i {
+  int8_t q[kAttendMaxRows * kAttendQ8MaxDim];
+  float d[kAttendMaxRows * kAttendQ8MaxDim / 32];
+  int32_t off[kAttendMaxRows * kAttendQ8MaxDim / 32];
+  int64_t dk;
+  QueryQ8i(const float* qf, int rows, int64_t dk_) : dk(dk_) { kv_quantize_query(qf, rows, dk, q, d, off); }
 };
 
-// s[r][c .. c + 16) = q_r . K_j for the R rows of q ([R][dk]) and keys c .. c + 15 of the block.
-// q8_0 keys (4 dims of a key a dword): each dword's bytes shifted out in turn, so 8 keys' dim d
-// as 8 lanes; pf.step() dk / 4 times (f32 / f16: dk times).
+// q8_0 keys: s[r][c .. c + 16) = q_r . K_j for rows r0 .. r0 + R of the query in q8_0 and keys
+// c .. c + 15 of the block, 8 keys at a time: per key dword (4 dims) `vpmaddubsw` of |k| against
+// the row's 4 quants signed as k (|k| <= 128 and |q| <= 127: no int16 saturation), `vpmaddwd` to
+// the key's int32 sum; per group of 32 dims the exact sum times the key's and the row's scales.
+// pf.step() dk / 2 times.
+template <int R>
+void scores_tile_q8(const QueryQ8i& qq, int r0, const uint8_t* blk, int64_t c, float* s, PacedPrefetch& pf) {
+  const int64_t dk = qq.dk, ng = dk / 32;
+  const uint8_t* scales = blk + dk * kAttendBlock;  // halves [dk / 32][32]
+  const __m256i flip = _mm256_set1_epi8(char(0x80)), ones = _mm256_set1_epi16(1);  // offset bytes -> int8
+  for (int64_t c8 = c; c8 < c + 16; c8 += 8) {
+    __m256 tot[R];
+    for (int r = 0; r < R; ++r) tot[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < ng; ++g) {
+      __m256i acc[R];
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int64_t u = g * 8; u < g * 8 + 8; ++u) {
+        const __m256i k = _mm256_xor_si256(load32(blk + size_t(u * kAttendBlock + c8) * 4), flip);
+        const __m256i ka = _mm256_abs_epi8(k);
+        pf.step();
+        for (int r = 0; r < R; ++r) {
+          int32_t q4;
+          std::memcpy(&q4, qq.q + (r0 + r) * dk + u * 4, 4);
+          const __m256i qs = _mm256_sign_epi8(_mm256_set1_epi32(q4), k);
+          acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(_mm256_maddubs_epi16(ka, qs), ones));
+        }
+      }
+      const __m256 ks = _mm256_cvtph_ps(load16(scales + size_t(g * kAttendBlock + c8) * 2));
+      for (int r = 0; r < R; ++r)
+        tot[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_mul_ps(ks, _mm256_set1_ps(qq.d[(r0 + r) * ng + g])),
+                                 tot[r]);
+    }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(s + r * kAttendBlock + c8, tot[r]);
+  }
+}
+
+// s[r][c .. c + 16) = q_r . K_j for the R rows of q ([R][dk]) and keys c .. c + 15 of the block
+// (f32, f16); pf.step() dk times.
 template <KvType T, int R>
 void scores_tile(const float* q, int64_t dk, const uint8_t* blk, int64_t c, float* s, PacedPrefetch& pf) {
   constexpr size_t es = entry_bytes<T>();
@@ -62,30 +104,11 @@ void scores_tile(const float* q, int64_t dk, const uint8_t* blk, int64_t c, floa
       a1[r] = _mm256_fmadd_ps(b, k1, a1[r]);
     }
   };
-  if constexpr (T == KvType::q8_0) {
-    const uint8_t* scales = blk + dk * kAttendBlock;  // halves [dk / 32][32]
-    const __m256i flip = _mm256_set1_epi8(char(0x80));  // offset bytes -> int8
-    auto dim = [](__m256i x, int t, __m256 sc) {  // byte t of each dword, sign-extended, scaled
-      const __m256i b = t == 3 ? x : _mm256_slli_epi32(x, 24 - 8 * t);
-      return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srai_epi32(b, 24)), sc);
-    };
-    for (int64_t g = 0; g < dk / 32; ++g) {
-      const uint8_t* sg = scales + size_t(g * kAttendBlock + c) * 2;
-      const __m256 sc0 = _mm256_cvtph_ps(load16(sg)), sc1 = _mm256_cvtph_ps(load16(sg + 16));
-      for (int64_t u = g * 8; u < g * 8 + 8; ++u) {
-        const uint8_t* p = blk + size_t(u * kAttendBlock + c) * 4;
-        const __m256i x0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), flip);
-        const __m256i x1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)), flip);
-        pf.step();
-        for (int t = 0; t < 4; ++t) step(u * 4 + t, dim(x0, t, sc0), dim(x1, t, sc1));
-      }
-    }
-  } else {
-    for (int64_t d = 0; d < dk; ++d) {
-      const uint8_t* row = blk + size_t(d * kAttendBlock + c) * es;
-      pf.step();
-      step(d, load8<T>(row), load8<T>(row + 8 * es));
-    }
+  static_assert(T != KvType::q8_0, "q8_0 keys: scores_tile_q8");
+  for (int64_t d = 0; d < dk; ++d) {
+    const uint8_t* row = blk + size_t(d * kAttendBlock + c) * es;
+    pf.step();
+    step(d, load8<T>(row), load8<T>(row + 8 * es));
   }
   for (int r = 0; r < R; ++r) {
     _mm256_storeu_ps(s + r * kAttendBlock + c, a0[r]);
@@ -132,13 +155,15 @@ void values_tile(const float* p, const float* corr, int64_t lo, int64_t hi, cons
 }
 
 template <KvType T, int R>
-void rows_block(const AttendArgs& a, const float* q, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
+void rows_block(const AttendArgs& a, const QueryQ8i* qq, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
   const uint8_t* blk = a.k + size_t(j0 / kAttendBlock) * a.k_block_stride;
   const uint8_t* v = a.v + size_t(j0) * a.v_row_stride;
   const bool lead = r0 == 0;  // the pass that prefetches
   PacedPrefetch pf = lead ? value_rows_prefetch(a, j0, lo, hi) : PacedPrefetch();
-  for (int64_t c = 0; c < kAttendBlock; c += 16)
-    scores_tile<T, R>(q + r0 * a.dk, a.dk, blk, c, s + r0 * kAttendBlock, pf);
+  for (int64_t c = 0; c < kAttendBlock; c += 16) {
+    if constexpr (T == KvType::q8_0) scores_tile_q8<R>(*qq, r0, blk, c, s + r0 * kAttendBlock, pf);
+    else scores_tile<T, R>(a.q + r0 * a.dk, a.dk, blk, c, s + r0 * kAttendBlock, pf);
+  }
   pf.rest();
   // the block's softmax step for each row, without branches: keys outside [lo, hi) weigh 0; the
   // rows' corrections exp(m - m') in one vector (m = -inf gives 0), applied to o as the value
@@ -178,9 +203,9 @@ void rows_block(const AttendArgs& a, const float* q, int r0, int64_t j0, int64_t
 template <KvType T>
 void attend_simd(const AttendArgs& a) {
   alignas(32) float s[kAttendMaxRows * kAttendBlock];
-  std::optional<QueryQ8f> qq;
+  std::optional<QueryQ8i> qq;
   if constexpr (T == KvType::q8_0) qq.emplace(a.q, a.rows, a.dk);
-  const float* q = qq ? qq->q : a.q;
+  const QueryQ8i* q = qq ? &*qq : nullptr;
   for (int64_t j0 = 0; j0 < a.n; j0 += kAttendBlock) {
     const int64_t lo = std::max<int64_t>(a.first - j0, 0), hi = std::min<int64_t>(a.n - j0, kAttendBlock);
     if (lo >= hi) continue;
