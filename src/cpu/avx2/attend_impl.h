@@ -42,24 +42,14 @@ constexpr size_t entry_bytes() {
   return T == KvType::f32 ? 4 : T == KvType::f16 ? 2 : 1;
 }
 
-// The query rows for q8_0 keys, quantized to q8_0 (kernels.h AttendFn, kv_format.h
-// kv_quantize_query): q [rows][dk] int8, d [rows][dk / 32] (off: unused here, the keys are made
-// signed instead).
-struct QueryQ8i {
-  int8_t q[kAttendMaxRows * kAttendQ8MaxDim];
-  float d[kAttendMaxRows * kAttendQ8MaxDim / 32];
-  int32_t off[kAttendMaxRows * kAttendQ8MaxDim / 32];
-  int64_t dk;
-  QueryQ8i(const float* qf, int rows, int64_t dk_) : dk(dk_) { kv_quantize_query(qf, rows, dk, q, d, off); }
-};
-
-// q8_0 keys: s[r][c .. c + 16) = q_r . K_j for rows r0 .. r0 + R of the query in q8_0 and keys
+// q8_0 keys: s[r][c .. c + 16) = q_r . K_j for rows r0 .. r0 + R of the query in q8_0 (its offsets
+// unused: the keys are made signed instead) and keys
 // c .. c + 15 of the block, 8 keys at a time: per key dword (4 dims) `vpmaddubsw` of |k| against
 // the row's 4 quants signed as k (|k| <= 128 and |q| <= 127: no int16 saturation), `vpmaddwd` to
 // the key's int32 sum; per group of 32 dims the exact sum times the key's and the row's scales.
 // pf.step() dk / 2 times.
 template <int R>
-void scores_tile_q8(const QueryQ8i& qq, int r0, const uint8_t* blk, int64_t c, float* s, PacedPrefetch& pf) {
+void scores_tile_q8(const QueryQ8View& qq, int r0, const uint8_t* blk, int64_t c, float* s, PacedPrefetch& pf) {
   const int64_t dk = qq.dk, ng = dk / 32;
   const uint8_t* scales = blk + dk * kAttendBlock;  // halves [dk / 32][32]
   const __m256i flip = _mm256_set1_epi8(char(0x80)), ones = _mm256_set1_epi16(1);  // offset bytes -> int8
@@ -155,13 +145,13 @@ void values_tile(const float* p, const float* corr, int64_t lo, int64_t hi, cons
 }
 
 template <KvType T, int R>
-void rows_block(const AttendArgs& a, const QueryQ8i* qq, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
+void rows_block(const AttendArgs& a, const QueryQ8* qq, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
   const uint8_t* blk = a.k + size_t(j0 / kAttendBlock) * a.k_block_stride;
   const uint8_t* v = a.v + size_t(j0) * a.v_row_stride;
   const bool lead = r0 == 0;  // the pass that prefetches
   PacedPrefetch pf = lead ? value_rows_prefetch(a, j0, lo, hi) : PacedPrefetch();
   for (int64_t c = 0; c < kAttendBlock; c += 16) {
-    if constexpr (T == KvType::q8_0) scores_tile_q8<R>(*qq, r0, blk, c, s + r0 * kAttendBlock, pf);
+    if constexpr (T == KvType::q8_0) scores_tile_q8<R>(qq->view, r0, blk, c, s + r0 * kAttendBlock, pf);
     else scores_tile<T, R>(a.q + r0 * a.dk, a.dk, blk, c, s + r0 * kAttendBlock, pf);
   }
   pf.rest();
@@ -203,9 +193,9 @@ void rows_block(const AttendArgs& a, const QueryQ8i* qq, int r0, int64_t j0, int
 template <KvType T>
 void attend_simd(const AttendArgs& a) {
   alignas(32) float s[kAttendMaxRows * kAttendBlock];
-  std::optional<QueryQ8i> qq;
+  std::optional<QueryQ8> qq;
   if constexpr (T == KvType::q8_0) qq.emplace(a.q, a.rows, a.dk);
-  const QueryQ8i* q = qq ? &*qq : nullptr;
+  const QueryQ8* q = qq ? &*qq : nullptr;
   for (int64_t j0 = 0; j0 < a.n; j0 += kAttendBlock) {
     const int64_t lo = std::max<int64_t>(a.first - j0, 0), hi = std::min<int64_t>(a.n - j0, kAttendBlock);
     if (lo >= hi) continue;

@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "cpu/kernels.h"
+#include "cpu/kv_format.h"
 #include "cpu/quant_blocks.h"
 
 namespace strata::cpu {
@@ -45,21 +46,30 @@ class PacedPrefetch {
   PacedPrefetch() = default;
   // [p, p + bytes): one line a step() (the last one again once all are asked for), and rest()
   // asks for whatever the steps left. Branch-free: GCC keeps a hot loop's accumulators in place
-  // around it, where a loop inside step() made it copy them at every call.
+  // around it, where a loop inside step() made it copy them at every call. Addresses as integers:
+  // a default (empty) one steps from address 0 without pointer arithmetic on null.
   PacedPrefetch(const uint8_t* p, size_t bytes)
-      : p_(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(63))),
-        end_(reinterpret_cast<const char*>((reinterpret_cast<uintptr_t>(p) + bytes + 63) & ~uintptr_t(63))) {}
+      : p_(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(63)),
+        end_((reinterpret_cast<uintptr_t>(p) + bytes + 63) & ~uintptr_t(63)) {}
   void step() {
-    _mm_prefetch(p_, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p_), _MM_HINT_T0);
     p_ = p_ + 64 < end_ ? p_ + 64 : p_;
   }
   void rest() {
-    for (; p_ < end_; p_ += 64) _mm_prefetch(p_, _MM_HINT_T0);
+    for (; p_ < end_; p_ += 64) _mm_prefetch(reinterpret_cast<const char*>(p_), _MM_HINT_T0);
   }
 
  private:
-  const char* p_ = nullptr;
-  const char* end_ = nullptr;
+  uintptr_t p_ = 0, end_ = 0;
+};
+
+// The query rows of an attend call prepared for q8_0 keys (kernels.h QueryQ8View), on the stack.
+struct QueryQ8 {
+  int8_t q[kAttendMaxRows * kAttendQ8MaxDim];
+  float d[kAttendMaxRows * kAttendQ8MaxDim / 32];
+  int32_t off[kAttendMaxRows * kAttendQ8MaxDim / 32];
+  QueryQ8View view;
+  QueryQ8(const float* qf, int rows, int64_t dk) : view{q, d, off, dk} { kv_quantize_query(qf, rows, dk, q, d, off); }
 };
 
 // The value rows of keys [lo, hi) of the key block at j0.
