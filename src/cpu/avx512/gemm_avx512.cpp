@@ -175,29 +175,41 @@ inline void store_rows(float* y, __mmask16 mask, __m512 v, bool first) {
 // 593 GOP/s for the panel; sums per 256 elements through y were the previous scheme.)
 constexpr size_t kPanelBytes = 40 * 1024;
 
-// Software prefetch of [from, from + bytes) into L2, in `steps` even slices (from == nullptr: none).
+// Software prefetch of a weight stream's next panel, [from, from + bytes), into L2 (from ==
+// nullptr: none), paced: the token kernels step() it, one line a call (the last line again once
+// all are asked for), twice per sub-block of their token loop, and after token block i of
+// n group_panels catches up to (i + 1) / n of the panel for kernels that step less. Asked for in
+// one burst per token block, the lines queued behind each other and the kernel waited on the
+// prefetch loop (a third of gemm_q45K's own time, perf of BM_expert_ffn). step() is branch-free:
+// GCC keeps the hot loop's accumulators in place around it (see ../avx2/simd_common.h
+// PacedPrefetch).
 class StreamPrefetch {
  public:
-  StreamPrefetch(const uint8_t* from, size_t bytes, int64_t steps) {
+  StreamPrefetch() = default;
+  StreamPrefetch(const uint8_t* from, size_t bytes) {
     if (from == nullptr) return;
-    p_ = reinterpret_cast<const char*>(from);
-    end_ = p_ + bytes;
-    slice_ = (bytes / size_t(steps) + 63) / 64 * 64;
+    begin_ = p_ = reinterpret_cast<uintptr_t>(from) & ~uintptr_t(63);
+    end_ = (reinterpret_cast<uintptr_t>(from) + bytes + 63) & ~uintptr_t(63);
+    last_ = end_ - 64;
   }
   void step() {
-    for (const char* stop = std::min(end_, p_ + slice_); p_ < stop; p_ += 64) _mm_prefetch(p_, _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(p_), _MM_HINT_T1);
+    p_ = p_ < last_ ? p_ + 64 : p_;
+  }
+  // at least the first `num / den` of the range asked for
+  void catch_up(int64_t num, int64_t den) {
+    const uintptr_t to = begin_ + (end_ - begin_) / 64 * uint64_t(num) / uint64_t(den) * 64;
+    for (; p_ < to; p_ += 64) _mm_prefetch(reinterpret_cast<const char*>(p_), _MM_HINT_T1);
   }
 
  private:
-  const char* p_ = nullptr;
-  const char* end_ = nullptr;
-  size_t slice_ = 0;
+  uintptr_t begin_ = 0, p_ = 0, end_ = 0, last_ = 0;  // empty: steps on address 0
 };
 
 // One group's panels: unpack(u, tile) fills the tile of unit u (a super-block, or 8 blocks);
-// tokens(T, t0, tiles, u0, nu) runs tokens t0 .. t0 + T over units u0 .. u0 + nu (first panel:
-// u0 == 0). stream: where the group's unit 0 starts in a row-interleaved weight stream of
-// unit_bytes per unit (nullptr for the file layout: no prefetch).
+// tokens(T, t0, tiles, u0, nu, pf) runs tokens t0 .. t0 + T over units u0 .. u0 + nu (first
+// panel: u0 == 0), stepping pf. stream: where the group's unit 0 starts in a row-interleaved
+// weight stream of unit_bytes per unit (nullptr for the file layout: no prefetch).
 template <class Tile, int64_t kPanel = std::max<int64_t>(1, int64_t(kPanelBytes / sizeof(Tile))), class Unpack,
           class Tokens>
 void group_panels(int64_t n_units, int64_t n_tok, const uint8_t* stream, size_t unit_bytes, Unpack&& unpack,
@@ -207,10 +219,12 @@ void group_panels(int64_t n_units, int64_t n_tok, const uint8_t* stream, size_t 
   for (int64_t u0 = 0; u0 < n_units; u0 += kPanel) {
     const int64_t nu = std::min(kPanel, n_units - u0);
     for (int64_t i = 0; i < nu; ++i) unpack(u0 + i, tiles[size_t(i)]);
-    StreamPrefetch pf(stream ? stream + size_t(u0 + nu) * unit_bytes : nullptr, size_t(kPanel) * unit_bytes, n_blocks);
+    StreamPrefetch pf = stream ? StreamPrefetch(stream + size_t(u0 + nu) * unit_bytes, size_t(kPanel) * unit_bytes)
+                               : StreamPrefetch();
+    int64_t block = 0;
     for_token_blocks(n_tok, [&](auto T, int64_t t0) {
-      pf.step();
-      tokens(T, t0, tiles.data(), u0, nu);
+      tokens(T, t0, tiles.data(), u0, nu, pf);
+      if (stream) pf.catch_up(++block, n_blocks);
     });
   }
 }
@@ -224,8 +238,11 @@ constexpr size_t kQ8KBsums = offsetof(block_q8_K, bsums);
 // sub-blocks of G groups (4 G elements), the G vpdpbusd sums times the sub-block's int32 scale,
 // added to sumi[t].
 template <int T, int S, int G>
-inline void scaled_subblocks(const __m512i* q, const __m512i* sc, const uint8_t* const at[T], __m512i sumi[T]) {
+inline void scaled_subblocks(const __m512i* q, const __m512i* sc, const uint8_t* const at[T], __m512i sumi[T],
+                             StreamPrefetch& pf) {
   for (int s = 0; s < S; ++s) {
+    pf.step();
+    if (S <= 8) pf.step();
     __m512i acc[T];
     for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_si512();
     for (int g = 0; g < G; ++g) {
@@ -383,7 +400,7 @@ inline void q45K_finish(const ScalesQ45K& tile, const __m512i sumi[T], const uin
 // them once (stored, or added after the first panel).
 template <int T>
 void q45K_tokens(const TileQ45K* tiles, int64_t np, const uint8_t* a, size_t a_stride, const int32_t* pairs,
-                 size_t pairs_stride, float* y, int64_t ldy, __mmask16 mask, bool first) {
+                 size_t pairs_stride, float* y, int64_t ldy, __mmask16 mask, bool first, StreamPrefetch& pf) {
   __m512 out[T];
   for (int t = 0; t < T; ++t) out[t] = _mm512_setzero_ps();
   for (int64_t i = 0; i < np; ++i) {
@@ -392,7 +409,7 @@ void q45K_tokens(const TileQ45K* tiles, int64_t np, const uint8_t* a, size_t a_s
     for (int t = 0; t < T; ++t) at[t] = a + size_t(t) * a_stride + size_t(i) * sizeof(block_q8_K);
     __m512i sumi[T];
     for (int t = 0; t < T; ++t) sumi[t] = _mm512_setzero_si512();
-    scaled_subblocks<T, 8, 8>(tile.q, tile.sc, at, sumi);
+    scaled_subblocks<T, 8, 8>(tile.q, tile.sc, at, sumi, pf);
     q45K_finish<T>(tile, sumi, at, pairs + 4 * size_t(i), pairs_stride, out);
   }
   for (int t = 0; t < T; ++t) store_rows(y + t * ldy, mask, out[t], first);
@@ -407,7 +424,8 @@ void q45K_tokens(const TileQ45K* tiles, int64_t np, const uint8_t* a, size_t a_s
 constexpr size_t kQ4KGroupBytes = kRows * sizeof(block_q4_K);
 template <int T>
 void q4K_packed_tokens(const uint8_t* qs, const ScalesQ45K* tiles, int64_t np, const uint8_t* a, size_t a_stride,
-                       const int32_t* pairs, size_t pairs_stride, float* y, int64_t ldy, bool first) {
+                       const int32_t* pairs, size_t pairs_stride, float* y, int64_t ldy, bool first,
+                       StreamPrefetch& pf) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   __m512 out[T];
   for (int t = 0; t < T; ++t) out[t] = _mm512_setzero_ps();
@@ -419,6 +437,8 @@ void q4K_packed_tokens(const uint8_t* qs, const ScalesQ45K* tiles, int64_t np, c
     for (int t = 0; t < T; ++t) sumi[t] = _mm512_setzero_si512();
     for (int s = 0; s < 8; ++s) {
       const int h = s / 2;
+      pf.step();
+      pf.step();
       __m512i acc[T];
       for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_si512();
       for (int m = 0; m < 8; ++m) {
@@ -621,21 +641,21 @@ void gemm_q45K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const 
       group_panels<ScalesQ45K, kPanelBytes / sizeof(TileQ45K)>(
           nsb, n_tok, rows.stream(), kQ4KGroupBytes,
           [&](int64_t sb, ScalesQ45K& tile) { unpack_q45K_scales<Block>(rows, sb, tile); },
-          [&](auto T, int64_t t0, const ScalesQ45K* tiles, int64_t sb0, int64_t np) {
+          [&](auto T, int64_t t0, const ScalesQ45K* tiles, int64_t sb0, int64_t np, StreamPrefetch& pf) {
             q4K_packed_tokens<decltype(T)::value>(
                 rows.group + size_t(sb0) * kQ4KGroupBytes + offsetof(block_q4_K, qs) * kRows, tiles, np,
                 ab + size_t(t0) * a_stride + size_t(sb0) * sizeof(block_q8_K), a_stride,
-                pairs.data() + size_t(t0 * nsb + sb0) * 4, size_t(nsb) * 4, y + t0 * ldy + r0, ldy, sb0 == 0);
+                pairs.data() + size_t(t0 * nsb + sb0) * 4, size_t(nsb) * 4, y + t0 * ldy + r0, ldy, sb0 == 0, pf);
           });
       continue;
     }
     group_panels<TileQ45K>(
         nsb, n_tok, rows.stream(), kRows * sizeof(Block),
         [&](int64_t sb, TileQ45K& tile) { unpack_q45K<Block, kFifthBit>(rows, sb, tile); },
-        [&](auto T, int64_t t0, const TileQ45K* tiles, int64_t sb0, int64_t np) {
+        [&](auto T, int64_t t0, const TileQ45K* tiles, int64_t sb0, int64_t np, StreamPrefetch& pf) {
           q45K_tokens<decltype(T)::value>(tiles, np, ab + size_t(t0) * a_stride + size_t(sb0) * sizeof(block_q8_K),
                                           a_stride, pairs.data() + size_t(t0 * nsb + sb0) * 4, size_t(nsb) * 4,
-                                          y + t0 * ldy + r0, ldy, rows.mask, sb0 == 0);
+                                          y + t0 * ldy + r0, ldy, rows.mask, sb0 == 0, pf);
         });
   }
 }
@@ -744,7 +764,7 @@ void unpack_q6K(const Src& src, int64_t sb, TileQ6K& tile) {
 // Tokens t0 .. t0 + T against a panel of np super-blocks (as q45K_tokens).
 template <int T>
 void q6K_tokens(const TileQ6K* tiles, int64_t np, const uint8_t* a, size_t a_stride, float* y, int64_t ldy,
-                __mmask16 mask, bool first) {
+                __mmask16 mask, bool first, StreamPrefetch& pf) {
   __m512 out[T];
   for (int t = 0; t < T; ++t) out[t] = _mm512_setzero_ps();
   for (int64_t i = 0; i < np; ++i) {
@@ -758,7 +778,7 @@ void q6K_tokens(const TileQ6K* tiles, int64_t np, const uint8_t* a, size_t a_str
       for (int p = 0; p < 8; ++p)
         sumi[t] = _mm512_dpwssd_epi32(sumi[t], tile.offset[p], bcast4(at[t] + kQ8KBsums + 4 * p));
     }
-    scaled_subblocks<T, 16, 4>(tile.q, tile.sc, at, sumi);
+    scaled_subblocks<T, 16, 4>(tile.q, tile.sc, at, sumi, pf);
     for (int t = 0; t < T; ++t) {
       float da;
       std::memcpy(&da, at[t] + offsetof(block_q8_K, d), 4);
@@ -930,9 +950,9 @@ void gemm_q6K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const v
     group_panels<TileQ6K>(
         nsb, n_tok, rows.stream(), kRows * sizeof(block_q6_K),
         [&](int64_t sb, TileQ6K& tile) { unpack_q6K(rows, sb, tile); },
-        [&](auto T, int64_t t0, const TileQ6K* tiles, int64_t sb0, int64_t np) {
+        [&](auto T, int64_t t0, const TileQ6K* tiles, int64_t sb0, int64_t np, StreamPrefetch& pf) {
           q6K_tokens<decltype(T)::value>(tiles, np, ab + size_t(t0) * a_stride + size_t(sb0) * sizeof(block_q8_K),
-                                         a_stride, y + t0 * ldy + r0, ldy, rows.mask, sb0 == 0);
+                                         a_stride, y + t0 * ldy + r0, ldy, rows.mask, sb0 == 0, pf);
         });
   }
 }
@@ -1133,7 +1153,7 @@ void gemm_32(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const vo
         [&](int64_t u, Tile32& tile) {
           rows.unpack(u * kUnitBlocks, int(std::min<int64_t>(kUnitBlocks, nb - u * kUnitBlocks)), tile);
         },
-        [&](auto T, int64_t t0, const Tile32* tiles, int64_t u0, int64_t nu) {
+        [&](auto T, int64_t t0, const Tile32* tiles, int64_t u0, int64_t nu, StreamPrefetch&) {
           const int64_t b0 = u0 * kUnitBlocks, nblk = std::min(nu * kUnitBlocks, nb - b0);
           tokens_32<decltype(T)::value>(tiles, nblk, ab + size_t(t0) * a_stride + size_t(b0) * sizeof(block_q8_0),
                                         a_stride, tbs.data() + size_t(t0 * nb + b0), size_t(nb), y + t0 * ldy + r0,
