@@ -142,24 +142,24 @@ void glu(const GluParams& p, float* g, const float* u, int64_t n) {
   }
 }
 
-// A task: rows [r0, r1) of one FFN's matrix (gate and up, or down) for its tokens [t0, t1)
-// (indices into its token list). `block` numbers the (FFN, token range) pairs of the batch: the
-// gate/up tasks and the down tasks of one FFN cut its tokens the same way, so a down task knows
-// which gate/up tasks it waits for.
+// A task: gate and up: rows [r0, r1) of one FFN's matrices for its tokens [t0, t1) (indices into
+// its token list); `block` numbers the (FFN, token range) pairs of the batch, and a down task
+// waits for each block's gate/up tasks. Down (ffn and block -1): rows [r0, r1) of every FFN's
+// down matrix, for all their tokens.
 struct RowTask {
   int32_t ffn, block;
   int64_t r0, r1, t0, t1;
   bool down = false;
 };
 
-// Cuts rows [r_begin, r_end) of every FFN into tasks, about kTasksPerThread per thread over the
-// whole batch (so that one expert with many tokens and seven with one stay balanced), in multiples
+// Cuts rows [r_begin, r_end) of every FFN's gate/up into tasks, about kTasksPerThread per thread
+// over the whole batch (so that one expert with many tokens and seven with one stay balanced), in multiples
 // of 16 rows; an FFN with many tokens is cut into L2-sized tiles of rows by tokens
 // (Matmul::kTile*). `order`: the FFNs in the order their tasks are taken (ready ones first).
 // Blocks are numbered by (FFN, token range) whatever the rows, so calls for other row ranges agree.
 constexpr int64_t kTasksPerThread = 4;
 std::vector<RowTask> row_tasks(const std::vector<FfnWork>& ffns, const std::vector<int32_t>& order, int64_t r_begin,
-                               int64_t r_end, int n_threads, bool down) {
+                               int64_t r_end, int n_threads) {
   using cpu::Matmul;
   const int64_t n_rows = r_end - r_begin;
   const int64_t total = n_rows * int64_t(ffns.size());
@@ -178,7 +178,7 @@ std::vector<RowTask> row_tasks(const std::vector<FfnWork>& ffns, const std::vect
       const int64_t toks = tiled ? Matmul::kTileTokens : n_tok;
       for (int64_t t0 = 0; t0 < n_tok; t0 += toks, ++block)
         for (int64_t r0 = r_begin; r0 < r_end; r0 += rows)
-          tasks.push_back({e, block, r0, std::min(r_end, r0 + rows), t0, std::min(n_tok, t0 + toks), down});
+          tasks.push_back({e, block, r0, std::min(r_end, r0 + rows), t0, std::min(n_tok, t0 + toks)});
     }
     return tasks;
   });
@@ -207,12 +207,15 @@ void wait_for(const std::atomic<int32_t>& v, int32_t value) {
 
 // Runs every FFN of the batch on compute_pool(): one dispatch for gate, up, GLU and down of all
 // FFNs (their row chunks taken from one counter; with `numa` sharded, each NUMA group's rows
-// (NumaLayout::rows) from its group's counter, run by its threads alone), then the weighted sum into out (token by token,
-// each token's FFNs in batch order, so the sum's order is fixed). The gate/up task that finishes
-// the last rows of a token block quantizes that block's GLU output for down; down tasks come after
-// every gate/up task in the counter's order and wait for their block's quantized rows, so no
-// thread idles at a barrier between the halves. h: [*][E] rows, quantized once for the whole
-// batch; every FFN's matrices share one type per role (the stacks of a layer).
+// (NumaLayout::rows) from its group's counter, run by its threads alone). The gate/up task that
+// finishes the last rows of a token block quantizes that block's GLU output for down. A down
+// task is a chunk of out's columns for every FFN in batch order: each FFN's down rows of the
+// chunk for its tokens (waiting for their quantized rows), scaled and added into out at once, so
+// each token's FFNs sum in batch order (the sum's order is fixed) and no [tokens x E] buffer of
+// expert outputs goes to DRAM and back (in pp512 of the 30B-A3B synthetic model, 33.5 MB a layer
+// written, then read by a separate summing pass). Down tasks come after every gate/up task in the
+// counter's order, so no thread idles at a barrier between the halves. h: [*][E] rows, quantized
+// once for the whole batch; every FFN's matrices share one type per role (the stacks of a layer).
 void run_ffns(const cpu::Matmul& be, const std::vector<FfnWork>& ffns, const float* h,
               int64_t n_h, const GluParams& glu_p, float* out, const cpu::NumaLayout* numa) {
   if (ffns.empty()) return;
@@ -229,12 +232,12 @@ void run_ffns(const cpu::Matmul& be, const std::vector<FfnWork>& ffns, const flo
   // other threads must see these buffers, not their own thread's.
   struct Scratch {
     std::vector<uint8_t> hg, hu, xg, xu, ya;  // prepared activations
-    std::vector<float> act, y;
+    std::vector<float> act;
   };
   thread_local Scratch tl_scratch;
   Scratch& sc = tl_scratch;
   std::vector<uint8_t> &xg = sc.xg, &xu = sc.xu, &ya = sc.ya;
-  std::vector<float> &act = sc.act, &y = sc.y;
+  std::vector<float>& act = sc.act;
 
   // h prepared once for gate (and for up when its activation format differs)
   const cpu::ActRows hg = be.prepare(g0.type, h, n_h, E, sc.hg);
@@ -242,7 +245,7 @@ void run_ffns(const cpu::Matmul& be, const std::vector<FfnWork>& ffns, const flo
   const cpu::ActRows hu = same_act ? hg : be.prepare(u0.type, h, n_h, E, sc.hu);
 
   // each FFN's rows gathered: x (for gate), xu (for up); act: [n][F] float; ya: act prepared for
-  // down; y: [n][E]
+  // down
   const size_t n_ffn = ffns.size();
   std::vector<size_t> first(n_ffn + 1, 0);  // first row of FFN e in the batch-wide buffers
   for (size_t e = 0; e < n_ffn; ++e) first[e + 1] = first[e] + ffns[e].tokens.size();
@@ -250,7 +253,6 @@ void run_ffns(const cpu::Matmul& be, const std::vector<FfnWork>& ffns, const flo
   xg.resize(n_rows * hg.row_bytes);
   if (!same_act) xu.resize(n_rows * hu.row_bytes);
   act.resize(n_rows * size_t(F));
-  y.resize(n_rows * size_t(E));
   auto gather = [&](int64_t e) {
     for (size_t i = 0; i < ffns[size_t(e)].tokens.size(); ++i) {
       const int64_t t = ffns[size_t(e)].tokens[i];
@@ -289,42 +291,75 @@ void run_ffns(const cpu::Matmul& be, const std::vector<FfnWork>& ffns, const flo
     const auto [f0, f1] = sharded ? numa->rows(g, F) : std::pair<int64_t, int64_t>{0, F};
     const auto [e0, e1] = sharded ? numa->rows(g, E) : std::pair<int64_t, int64_t>{0, E};
     const int threads = sharded ? numa->threads_in_group(g) : pool.size();
-    for (const bool down : {false, true}) {
-      if (down ? e1 <= e0 : f1 <= f0) continue;
-      const std::vector<RowTask> part = row_tasks(ffns, order, down ? e0 : f0, down ? e1 : f1, threads, down);
+    if (f0 < f1) {
+      const std::vector<RowTask> part = row_tasks(ffns, order, f0, f1, threads);
       tasks.insert(tasks.end(), part.begin(), part.end());
     }
+    // down: a chunk of out's columns per thread, each over every FFN (the tasks are even: every
+    // one runs all the FFNs' tokens). Smaller chunks cost each FFN's down a cold start more
+    // often: two or four a thread read 2-6% slower in decode (BM_expert_ffn/q4_K/16_layers:
+    // 1.05 / 1.00 against 1.08 of the DRAM probe) and ran pp512's experts 2-4% slower.
+    constexpr int64_t kDownTasksPerThread = 1;
+    const int64_t chunk = std::max<int64_t>(16, (e1 - e0) / (kDownTasksPerThread * threads) / 16 * 16);
+    for (int64_t r0 = e0; r0 < e1; r0 += chunk) tasks.push_back({-1, -1, r0, std::min(e1, r0 + chunk), 0, 0, true});
     starts.push_back(int64_t(tasks.size()));
   }
   int32_t n_blocks = 0;
   for (const RowTask& t : tasks) n_blocks = std::max(n_blocks, t.block + 1);
   constexpr int32_t kQuantized = -1;
   const auto left = std::make_unique<std::atomic<int32_t>[]>(size_t(n_blocks));
-  for (const RowTask& t : tasks)
-    if (!t.down) left[size_t(t.block)].fetch_add(1, std::memory_order_relaxed);
+  // each FFN's token blocks in token order (block, t0, t1), for the down tasks
+  std::vector<std::vector<RowTask>> blocks_of(n_ffn);
+  std::vector<bool> seen(size_t(n_blocks), false);
+  for (const RowTask& t : tasks) {
+    if (t.down) continue;
+    left[size_t(t.block)].fetch_add(1, std::memory_order_relaxed);
+    if (!seen[size_t(t.block)]) blocks_of[size_t(t.ffn)].push_back(t);
+    seen[size_t(t.block)] = true;
+  }
+  for (std::vector<RowTask>& b : blocks_of)
+    std::sort(b.begin(), b.end(), [](const RowTask& x, const RowTask& y) { return x.t0 < y.t0; });
   // routed-expert weight bytes each group's threads read (strata bench prints them per node)
   const size_t gu_row = g0.row_bytes + u0.row_bytes, d_row = d0.row_bytes;
 
+  // down (+ bias) of columns [r0, r1) for every FFN in batch order, each block's rows (in L2)
+  // scaled and added into its tokens' rows of out
+  auto run_down = [&](const RowTask& task, int thread) {
+    const int64_t w = task.r1 - task.r0;
+    thread_local std::vector<float> yd;
+    for (size_t e = 0; e < n_ffn; ++e) {
+      const FfnWork& f = ffns[e];
+      if (numa != nullptr && !blocks_of[e].empty())  // routed experts only (moe_ffn passes the layout)
+        prof::count_node_bytes(pool.group_of(thread), int64_t(size_t(w) * d_row));
+      for (const RowTask& b : blocks_of[e]) {
+        wait_for(left[size_t(b.block)], kQuantized);
+        const int64_t n = b.t1 - b.t0;
+        const size_t row0 = first[e] + size_t(b.t0);  // batch row of token t0
+        yd.resize(size_t(n * w));
+        if (f.pending == nullptr || f.pending->wait()) {
+          be.tile(f.down, task.r0, task.r1, cpu::ActRows{ya.data() + row0 * ya_row, ya_row, n}, yd.data(), w);
+        } else {
+          std::fill(yd.begin(), yd.end(), 0.0f);
+        }
+        for (int64_t t = 0; t < n; ++t) {
+          const float* yt = &yd[size_t(t * w)];
+          if (f.down_b) cpu::add(&yd[size_t(t * w)], f.down_b + task.r0, w);
+          float* o = out + f.tokens[size_t(b.t0 + t)] * E + task.r0;
+          const float s = f.scale[size_t(b.t0 + t)];
+          for (int64_t j = 0; j < w; ++j) o[j] += yt[j] * s;
+        }
+      }
+    }
+  };
+
   auto run_task = [&](int64_t i, int thread) {
     const RowTask& task = tasks[size_t(i)];
+    if (task.down) return run_down(task, thread);
     const FfnWork& f = ffns[size_t(task.ffn)];
     const size_t row0 = first[size_t(task.ffn)] + size_t(task.t0);  // batch row of token t0
     const int64_t n = task.t1 - task.t0;
     if (numa != nullptr)  // routed experts only (moe_ffn passes the layout; dense FFNs do not)
-      prof::count_node_bytes(pool.group_of(thread), int64_t(size_t(task.r1 - task.r0) * (task.down ? d_row : gu_row)));
-    if (task.down) {  // down (+ bias)
-      wait_for(left[size_t(task.block)], kQuantized);
-      const cpu::ActRows ae{ya.data() + row0 * ya_row, ya_row, n};
-      float* ye = &y[row0 * size_t(E) + size_t(task.r0)];
-      if (f.pending == nullptr || f.pending->wait()) {
-        be.tile(f.down, task.r0, task.r1, ae, ye, E);
-      } else {
-        for (int64_t t = 0; t < n; ++t) std::fill_n(ye + t * E, task.r1 - task.r0, 0.0f);
-      }
-      if (f.down_b)
-        for (int64_t t = 0; t < n; ++t) cpu::add(ye + t * E, f.down_b + task.r0, task.r1 - task.r0);
-      return;
-    }
+      prof::count_node_bytes(pool.group_of(thread), int64_t(size_t(task.r1 - task.r0) * gu_row));
     // gate, up, GLU
     const cpu::ActRows xe{xg.data() + row0 * hg.row_bytes, hg.row_bytes, n};
     const cpu::ActRows xue = same_act ? xe : cpu::ActRows{xu.data() + row0 * hu.row_bytes, hu.row_bytes, n};
@@ -357,36 +392,6 @@ void run_ffns(const cpu::Matmul& be, const std::vector<FfnWork>& ffns, const flo
   };
   if (sharded) pool.run_grouped(starts, run_task);
   else pool.run(int64_t(tasks.size()), run_task);
-
-  // out[token] += scale * y over the token's FFNs in batch order (so the sum's order is fixed),
-  // token by token: each y row is read whole and out's row stays in L1. (Column chunks over all
-  // rows read 1 KB from each of thousands of 8 KB y rows: 4% of a 512-token prefill.)
-  std::vector<std::pair<int64_t, int64_t>> span_of(size_t(n_h), {0, 0});  // token -> its [begin, end) in parts
-  for (const FfnWork& f : ffns)
-    for (int64_t t : f.tokens) ++span_of[size_t(t)].second;
-  int64_t next = 0;
-  for (auto& [b, e] : span_of) {
-    b = next;
-    next += e;
-    e = b;
-  }
-  std::vector<std::pair<size_t, float>> parts(static_cast<size_t>(next));  // (y row, scale)
-  for (size_t e = 0; e < n_ffn; ++e)
-    for (size_t i = 0; i < ffns[e].tokens.size(); ++i)
-      parts[size_t(span_of[size_t(ffns[e].tokens[i])].second++)] = {first[e] + i, ffns[e].scale[i]};
-  auto sum_token = [&](int64_t t) {
-    float* o = out + t * E;
-    for (int64_t k = span_of[size_t(t)].first; k < span_of[size_t(t)].second; ++k) {
-      const float* yr = &y[parts[size_t(k)].first * size_t(E)];
-      const float s = parts[size_t(k)].second;
-      for (int64_t j = 0; j < E; ++j) o[j] += yr[j] * s;
-    }
-  };
-  if (n_rows * size_t(E) <= 65536) {  // a few rows (decode): on the caller
-    for (int64_t t = 0; t < n_h; ++t) sum_token(t);
-  } else {
-    pool.run(n_h, [&](int64_t t, int) { sum_token(t); });
-  }
 }
 
 void swiglu_ffn(const cpu::Matmul& mm, const Weight& gate, const Weight& up, const Weight& down, const float* h,
