@@ -74,21 +74,20 @@ inline __m512i bcast4(const void* p) { return _mm512_set1_epi32(load_i32(p)); }
 // tokens loads the panel's weights once for all T and keeps T independent accumulator chains
 // (routed experts in a 512-token prefill see about 32 tokens each, and the short tails cost 8% of
 // their time). A token's sums do not depend on its block.
-template <class Fn>
+// kMax: the largest block (kTok, or 4 for the two-group kernels).
+template <int N, class Fn>
+inline void token_block_of_size(int64_t size, int64_t t, Fn& fn) {
+  if constexpr (N > 1) {
+    if (size < N) return token_block_of_size<N - 1>(size, t, fn);
+  }
+  fn(std::integral_constant<int, N>{}, t);
+}
+template <int kMax = kTok, class Fn>
 inline void for_token_blocks(int64_t n_tok, Fn&& fn) {
-  const int64_t n_blocks = (n_tok + kTok - 1) / kTok;
+  const int64_t n_blocks = (n_tok + kMax - 1) / kMax;
   for (int64_t b = 0, t = 0; b < n_blocks; ++b) {
     const int64_t size = n_tok / n_blocks + (b < n_tok % n_blocks ? 1 : 0);
-    switch (size) {
-      case 1: fn(std::integral_constant<int, 1>{}, t); break;
-      case 2: fn(std::integral_constant<int, 2>{}, t); break;
-      case 3: fn(std::integral_constant<int, 3>{}, t); break;
-      case 4: fn(std::integral_constant<int, 4>{}, t); break;
-      case 5: fn(std::integral_constant<int, 5>{}, t); break;
-      case 6: fn(std::integral_constant<int, 6>{}, t); break;
-      case 7: fn(std::integral_constant<int, 7>{}, t); break;
-      default: fn(std::integral_constant<int, kTok>{}, t); break;
-    }
+    token_block_of_size<kMax>(size, t, fn);
     t += size;
   }
 }
@@ -210,19 +209,19 @@ class StreamPrefetch {
 // tokens(T, t0, tiles, u0, nu, pf) runs tokens t0 .. t0 + T over units u0 .. u0 + nu (first
 // panel: u0 == 0), stepping pf. stream: where the group's unit 0 starts in a row-interleaved
 // weight stream of unit_bytes per unit (nullptr for the file layout: no prefetch).
-template <class Tile, int64_t kPanel = std::max<int64_t>(1, int64_t(kPanelBytes / sizeof(Tile))), class Unpack,
-          class Tokens>
+template <class Tile, int64_t kPanel = std::max<int64_t>(1, int64_t(kPanelBytes / sizeof(Tile))), int kMaxTok = kTok,
+          class Unpack, class Tokens>
 void group_panels(int64_t n_units, int64_t n_tok, const uint8_t* stream, size_t unit_bytes, Unpack&& unpack,
                   Tokens&& tokens) {
   thread_local std::vector<Tile> tiles(kPanel);
-  const int64_t n_blocks = (n_tok + kTok - 1) / kTok;
+  const int64_t n_blocks = (n_tok + kMaxTok - 1) / kMaxTok;
   for (int64_t u0 = 0; u0 < n_units; u0 += kPanel) {
     const int64_t nu = std::min(kPanel, n_units - u0);
     for (int64_t i = 0; i < nu; ++i) unpack(u0 + i, tiles[size_t(i)]);
     StreamPrefetch pf = stream ? StreamPrefetch(stream + size_t(u0 + nu) * unit_bytes, size_t(kPanel) * unit_bytes)
                                : StreamPrefetch();
     int64_t block = 0;
-    for_token_blocks(n_tok, [&](auto T, int64_t t0) {
+    for_token_blocks<kMaxTok>(n_tok, [&](auto T, int64_t t0) {
       tokens(T, t0, tiles.data(), u0, nu, pf);
       if (stream) pf.catch_up(++block, n_blocks);
     });
@@ -881,6 +880,63 @@ void q6K_tokens(const TileQ6K* tiles, int64_t np, const uint8_t* a, size_t a_str
   for (int t = 0; t < T; ++t) store_rows(y + t * ldy, mask, out[t], first);
 }
 
+// Two 16-row groups of Q6_K tiles by T <= 4 tokens (as q4K_pair_tokens): each broadcast activation
+// feeds a vpdpbusd (and the offset term's vpdpwssd) of each group.
+struct TilePairQ6K {
+  TileQ6K g[2];
+};
+constexpr int64_t kQ6KPairPanel = std::max<int64_t>(1, int64_t(kPanelBytes / sizeof(TilePairQ6K)));
+template <int T>
+void q6K_pair_tokens(const TilePairQ6K* tiles, int64_t np, const uint8_t* a, size_t a_stride, float* y, int64_t ldy,
+                     bool first, StreamPrefetch& pf) {
+  __m512 out[2][T];
+  for (int t = 0; t < T; ++t) out[0][t] = out[1][t] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < np; ++i) {
+    const TileQ6K& ta = tiles[i].g[0];
+    const TileQ6K& tb = tiles[i].g[1];
+    const uint8_t* at[T];
+    for (int t = 0; t < T; ++t) at[t] = a + size_t(t) * a_stride + size_t(i) * sizeof(block_q8_K);
+    __m512i sumi[2][T];
+    // the offset term first: -32 sum_s sc_s bsums_s
+    for (int t = 0; t < T; ++t) {
+      sumi[0][t] = sumi[1][t] = _mm512_setzero_si512();
+      for (int p = 0; p < 8; ++p) {
+        const __m512i x = bcast4(at[t] + kQ8KBsums + 4 * p);
+        sumi[0][t] = _mm512_dpwssd_epi32(sumi[0][t], ta.offset[p], x);
+        sumi[1][t] = _mm512_dpwssd_epi32(sumi[1][t], tb.offset[p], x);
+      }
+    }
+    for (int s = 0; s < 16; ++s) {
+      pf.step();
+      __m512i acc[2][T];
+      for (int t = 0; t < T; ++t) acc[0][t] = acc[1][t] = _mm512_setzero_si512();
+      for (int g = 0; g < 4; ++g) {
+        const __m512i wa = ta.q[4 * s + g], wb = tb.q[4 * s + g];
+        for (int t = 0; t < T; ++t) {
+          const __m512i x = bcast4(at[t] + kQ8KQs + 4 * (4 * s + g));
+          acc[0][t] = _mm512_dpbusd_epi32(acc[0][t], wa, x);
+          acc[1][t] = _mm512_dpbusd_epi32(acc[1][t], wb, x);
+        }
+      }
+      for (int t = 0; t < T; ++t) {
+        sumi[0][t] = _mm512_add_epi32(sumi[0][t], _mm512_mullo_epi32(acc[0][t], ta.sc[s]));
+        sumi[1][t] = _mm512_add_epi32(sumi[1][t], _mm512_mullo_epi32(acc[1][t], tb.sc[s]));
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      float da;
+      std::memcpy(&da, at[t] + offsetof(block_q8_K, d), 4);
+      const __m512 dav = _mm512_set1_ps(da);
+      out[0][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sumi[0][t]), ta.d), dav, out[0][t]);
+      out[1][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sumi[1][t]), tb.d), dav, out[1][t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    store_rows(y + t * ldy, 0xFFFF, out[0][t], first);
+    store_rows(y + t * ldy + kRows, 0xFFFF, out[1][t], first);
+  }
+}
+
 // Decode (one token) on interleaved Q6_K, straight from the loads: for half n of a super-block
 // and m < 8, ql dwords 16n + m (a) and 16n + 8 + m (b) and qh dword 32 + 8n + m (h) give four
 // registers of 6-bit quants (stored + 32): elements 128n + 32k + 4m .. + 3 for k = 0..3, i.e.
@@ -1037,6 +1093,25 @@ void gemm_q6K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const v
             default: gemv_q6K_interleaved(rows, at, yt); break;
           }
         }
+        continue;
+      }
+    }
+    if constexpr (std::is_same_v<Rows, Q6Interleaved>) {
+      // two groups at a time while K is one panel of pairs (768 elements: the experts' down) and
+      // two whole groups are left; the prefetch's next panel is then the next pair
+      if (nsb <= kQ6KPairPanel && r0 + 2 * kRows <= n_rows) {
+        const Rows rows_b(w, w_stride, r0 + kRows, n_rows, nsb);
+        group_panels<TilePairQ6K, kQ6KPairPanel, 4>(
+            nsb, n_tok, rows.stream(), 2 * kRows * sizeof(block_q6_K),
+            [&](int64_t sb, TilePairQ6K& tile) {
+              unpack_q6K(rows, sb, tile.g[0]);
+              unpack_q6K(rows_b, sb, tile.g[1]);
+            },
+            [&](auto T, int64_t t0, const TilePairQ6K* tiles, int64_t sb0, int64_t np, StreamPrefetch& pf) {
+              q6K_pair_tokens<decltype(T)::value>(tiles, np, ab + size_t(t0) * a_stride + size_t(sb0) * sizeof(block_q8_K),
+                                                  a_stride, y + t0 * ldy + r0, ldy, sb0 == 0, pf);
+            });
+        r0 += kRows;  // the pair's second group
         continue;
       }
     }
