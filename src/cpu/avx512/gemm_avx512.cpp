@@ -462,10 +462,9 @@ struct ScalesPair {
   ScalesQ45K g[2];
 };
 template <int T>
-void q4K_pair_tokens(const uint8_t* qs, size_t gstride, const ScalesPair* tiles, int64_t np,
-                                                  const uint8_t* a, size_t a_stride, const int32_t* pairs,
-                                                  size_t pairs_stride, float* y, int64_t ldy, bool first,
-                                                  StreamPrefetch& pf) {
+void q4K_pair_tokens(const uint8_t* qs, size_t gstride, const ScalesPair* tiles, int64_t np, const uint8_t* a,
+                     size_t a_stride, const int32_t* pairs, size_t pairs_stride, float* y, int64_t ldy,
+                     StreamPrefetch& pf) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   __m512 out[2][T];
   for (int t = 0; t < T; ++t) out[0][t] = out[1][t] = _mm512_setzero_ps();
@@ -500,8 +499,8 @@ void q4K_pair_tokens(const uint8_t* qs, size_t gstride, const ScalesPair* tiles,
     q45K_finish<T>(tiles[i].g[1], sumi[1], at, pairs + 4 * size_t(i), pairs_stride, out[1]);
   }
   for (int t = 0; t < T; ++t) {
-    store_rows(y + t * ldy, 0xFFFF, out[0][t], first);
-    store_rows(y + t * ldy + kRows, 0xFFFF, out[1][t], first);
+    store_rows(y + t * ldy, 0xFFFF, out[0][t], true);
+    store_rows(y + t * ldy + kRows, 0xFFFF, out[1][t], true);
   }
 }
 
@@ -518,23 +517,15 @@ void q4K_pair(int64_t nsb, const Rows& a_rows, const Rows& b_rows, const uint8_t
     unpack_q45K_scales<Block>(b_rows, sb, tiles[sb].g[1]);
   }
   const size_t gstride = size_t(b_rows.group - a_rows.group);
+  const uint8_t* qs = a_rows.group + offsetof(block_q4_K, qs) * kRows;
   StreamPrefetch pf(b_rows.group + gstride, 2 * gstride);
   const int64_t n_blocks = (n_tok + 3) / 4;
-  for (int64_t b = 0, t0 = 0; b < n_blocks; ++b) {
-    const int64_t size = n_tok / n_blocks + (b < n_tok % n_blocks ? 1 : 0);
-    const uint8_t* qs = a_rows.group + offsetof(block_q4_K, qs) * kRows;
-    const uint8_t* at = ab + size_t(t0) * a_stride;
-    const int32_t* pt = pairs + size_t(t0 * nsb) * 4;
-    float* yt = y + t0 * ldy;
-    switch (size) {
-      case 1: q4K_pair_tokens<1>(qs, gstride, tiles, nsb, at, a_stride, pt, size_t(nsb) * 4, yt, ldy, true, pf); break;
-      case 2: q4K_pair_tokens<2>(qs, gstride, tiles, nsb, at, a_stride, pt, size_t(nsb) * 4, yt, ldy, true, pf); break;
-      case 3: q4K_pair_tokens<3>(qs, gstride, tiles, nsb, at, a_stride, pt, size_t(nsb) * 4, yt, ldy, true, pf); break;
-      default: q4K_pair_tokens<4>(qs, gstride, tiles, nsb, at, a_stride, pt, size_t(nsb) * 4, yt, ldy, true, pf); break;
-    }
-    pf.catch_up(b + 1, n_blocks);
-    t0 += size;
-  }
+  int64_t block = 0;
+  for_token_blocks<4>(n_tok, [&](auto T, int64_t t0) {
+    q4K_pair_tokens<decltype(T)::value>(qs, gstride, tiles, nsb, ab + size_t(t0) * a_stride, a_stride,
+                                        pairs + size_t(t0 * nsb) * 4, size_t(nsb) * 4, y + t0 * ldy, ldy, pf);
+    pf.catch_up(++block, n_blocks);
+  });
 }
 
 // Software prefetch distance of the decode kernel: two super-blocks of a group ahead. The
