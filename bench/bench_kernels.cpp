@@ -27,6 +27,7 @@
 //  - BM_tile/TYPE/N: the tile kernel alone on one thread, 64 weight rows x 2048 in L2 against N
 //    quantized activation rows (a routed expert of pp512 sees about 32), GOPs and peak_frac of
 //    the int8 loop on the same thread: the kernel's compute rate without DRAM or the pool.
+//    BM_tile/TYPE/k768/N: the same with K = 768 (an expert's down projection, one panel).
 //
 //   build/bench/strata_bench_kernels --benchmark_filter='expert_ffn|gemm|onednn|attention|attend|tile'
 #include <benchmark/benchmark.h>
@@ -228,8 +229,8 @@ void BM_gemm(benchmark::State& state, GgmlType type, int64_t batch) {
 // expert of a 512-token prefill meets it (about 32 tokens). peak_frac: against this thread's int8
 // loop (calibrate.h's probe on one thread), run in turn with the kernel so that both see the same
 // phase of the VM.
-void BM_tile(benchmark::State& state, GgmlType type, int64_t n_tok) {
-  constexpr int64_t kIn = 2048, kOut = 64;
+void BM_tile(benchmark::State& state, GgmlType type, int64_t kIn, int64_t n_tok) {
+  constexpr int64_t kOut = 64;
   const RandomWeights w(type, kIn, kOut, 1, 13);
   const cpu::Matmul be(cpu::MatmulPath::quantized);
   const std::vector<float> x = activations(kIn * n_tok, 9);
@@ -349,10 +350,12 @@ const int kRegistered = [] {
   }
   if (cpu::cpu_kernels().isa != cpu::CpuIsa::scalar)
     for (GgmlType type : {GgmlType::q4_k, GgmlType::q6_k, GgmlType::q8_0})
-      for (int64_t n_tok : {8, 32, 128})
-        benchmark::RegisterBenchmark(("BM_tile/" + std::string(quant_traits(type).name) + "/" + std::to_string(n_tok)).c_str(),
-                                     BM_tile, type, n_tok)
-            ->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(1.0);
+      for (int64_t k : {2048, 768})
+        for (int64_t n_tok : {8, 32, 128})
+          benchmark::RegisterBenchmark(("BM_tile/" + std::string(quant_traits(type).name) + (k == 2048 ? "" : "/k768") +
+                                        "/" + std::to_string(n_tok)).c_str(),
+                                       BM_tile, type, k, n_tok)
+              ->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(1.0);
 #if STRATA_BENCH_ONEDNN
   for (auto dt : {dnnl::memory::data_type::f32, dnnl::memory::data_type::bf16})
     for (bool packed : {true, false})

@@ -21,7 +21,7 @@
 //  - weights enter vpdpbusd unsigned, as the stored value q plus an offset (Q8_0: 128, Q4_0: 8,
 //    IQ4_NL: 127, MXFP4: 12, codebooks shifted by the offset), and the offset times the block's
 //    activation sum is subtracted (the int32 accumulator starts at -offset * sum(a)). Q6_K stores
-//    q + 32: the 32 * sum_s sc_s * bsums_s term is subtracted with vpdpwssd on the Q8_K bsums.
+//    q + 32: each sub-block's int32 sum starts at -32 bsums_s (q6K_offsets), before its scale.
 //  - K formats: each sub-block's int32 sum is multiplied by its integer scale (vpmulld) and summed
 //    in int32 over the super-block; Q4_K / Q5_K's min term sum_s m_s (bsums_2s + bsums_2s+1) is
 //    an int32 vpdpwssd. One float conversion per super-block and token:
@@ -181,49 +181,73 @@ constexpr size_t kPanelBytes = 40 * 1024;
 // one burst per token block, the lines queued behind each other and the kernel waited on the
 // prefetch loop (a third of gemm_q45K's own time, perf of BM_expert_ffn). step() is branch-free:
 // GCC keeps the hot loop's accumulators in place around it (see ../avx2/simd_common.h
-// PacedPrefetch).
+// PacedPrefetch). pair: a second range of the same length that far on (the other group of a
+// pair), its lines taking turns with the first's.
 class StreamPrefetch {
  public:
   StreamPrefetch() = default;
-  StreamPrefetch(const uint8_t* from, size_t bytes) {
+  StreamPrefetch(const uint8_t* from, size_t bytes, size_t pair = 0) : pair_(pair) {
     if (from == nullptr) return;
     begin_ = p_ = reinterpret_cast<uintptr_t>(from) & ~uintptr_t(63);
     end_ = (reinterpret_cast<uintptr_t>(from) + bytes + 63) & ~uintptr_t(63);
     last_ = end_ - 64;
   }
   void step() {
-    _mm_prefetch(reinterpret_cast<const char*>(p_), _MM_HINT_T1);
-    p_ = p_ < last_ ? p_ + 64 : p_;
+    _mm_prefetch(reinterpret_cast<const char*>(p_ + sel_), _MM_HINT_T1);
+    sel_ ^= pair_;
+    p_ = sel_ == 0 && p_ < last_ ? p_ + 64 : p_;
   }
-  // at least the first `num / den` of the range asked for
+  // at least the first `num / den` of the range(s) asked for
   void catch_up(int64_t num, int64_t den) {
     const uintptr_t to = begin_ + (end_ - begin_) / 64 * uint64_t(num) / uint64_t(den) * 64;
-    for (; p_ < to; p_ += 64) _mm_prefetch(reinterpret_cast<const char*>(p_), _MM_HINT_T1);
+    for (; p_ < to; p_ += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(p_), _MM_HINT_T1);
+      if (pair_ != 0) _mm_prefetch(reinterpret_cast<const char*>(p_ + pair_), _MM_HINT_T1);
+    }
+    sel_ = 0;
   }
 
  private:
   uintptr_t begin_ = 0, p_ = 0, end_ = 0, last_ = 0;  // empty: steps on address 0
+  uintptr_t pair_ = 0, sel_ = 0;
 };
 
-// One group's panels: unpack(u, tile) fills the tile of unit u (a super-block, or 8 blocks);
-// tokens(T, t0, tiles, u0, nu, pf) runs tokens t0 .. t0 + T over units u0 .. u0 + nu (first
-// panel: u0 == 0), stepping pf. stream: where the group's unit 0 starts in a row-interleaved
-// weight stream of unit_bytes per unit (nullptr for the file layout: no prefetch).
+// What a panel's token blocks prefetch: the units after it, up to a panel of them, or after the
+// group's last panel the next group's first (the next pair's), as the row-interleaved layout
+// stores groups one after another. stream: the group's unit 0 (nullptr for the file layout: no
+// prefetch), unit_bytes a unit's bytes in it.
+inline auto stream_panels(const uint8_t* stream, size_t unit_bytes, int64_t n_units, int64_t panel) {
+  return [=](int64_t u) {
+    if (stream == nullptr) return StreamPrefetch();
+    const int64_t n = u < n_units ? std::min(panel, n_units - u) : std::min(panel, n_units);
+    return StreamPrefetch(stream + size_t(u) * unit_bytes, size_t(n) * unit_bytes);
+  };
+}
+// A pair of groups (b's weights gstride after a's): the same units of both.
+inline auto pair_panels(const uint8_t* stream, size_t gstride, size_t unit_bytes, int64_t n_units, int64_t panel) {
+  return [=](int64_t u) {
+    const int64_t n = u < n_units ? std::min(panel, n_units - u) : std::min(panel, n_units);
+    const uint8_t* p = u < n_units ? stream + size_t(u) * unit_bytes : stream + 2 * gstride;
+    return StreamPrefetch(p, size_t(n) * unit_bytes, gstride);
+  };
+}
+
+// One group's (or pair's) panels: unpack(u, tile) fills the tile of unit u (a super-block, or 8
+// blocks); tokens(T, t0, tiles, u0, nu, pf) runs tokens t0 .. t0 + T over units u0 .. u0 + nu
+// (first panel: u0 == 0), stepping pf = next(u0 + nu) (stream_panels, pair_panels).
 template <class Tile, int64_t kPanel = std::max<int64_t>(1, int64_t(kPanelBytes / sizeof(Tile))), int kMaxTok = kTok,
-          class Unpack, class Tokens>
-void group_panels(int64_t n_units, int64_t n_tok, const uint8_t* stream, size_t unit_bytes, Unpack&& unpack,
-                  Tokens&& tokens) {
+          class Next, class Unpack, class Tokens>
+void group_panels(int64_t n_units, int64_t n_tok, Next&& next, Unpack&& unpack, Tokens&& tokens) {
   thread_local std::vector<Tile> tiles(kPanel);
   const int64_t n_blocks = (n_tok + kMaxTok - 1) / kMaxTok;
   for (int64_t u0 = 0; u0 < n_units; u0 += kPanel) {
     const int64_t nu = std::min(kPanel, n_units - u0);
     for (int64_t i = 0; i < nu; ++i) unpack(u0 + i, tiles[size_t(i)]);
-    StreamPrefetch pf = stream ? StreamPrefetch(stream + size_t(u0 + nu) * unit_bytes, size_t(kPanel) * unit_bytes)
-                               : StreamPrefetch();
+    auto pf = next(u0 + nu);
     int64_t block = 0;
     for_token_blocks<kMaxTok>(n_tok, [&](auto T, int64_t t0) {
       tokens(T, t0, tiles.data(), u0, nu, pf);
-      if (stream) pf.catch_up(++block, n_blocks);
+      pf.catch_up(++block, n_blocks);
     });
   }
 }
@@ -235,15 +259,16 @@ constexpr size_t kQ8KBsums = offsetof(block_q8_K, bsums);
 
 // A K super-block of a tile against tokens' Q8_K quants (at[t]: token t's block): for each of S
 // sub-blocks of G groups (4 G elements), the G vpdpbusd sums times the sub-block's int32 scale,
-// added to sumi[t].
-template <int T, int S, int G>
+// added to sumi[t]. kInit: sub-block s's sums start at the int32 at at[t] + init + 4 s instead of 0
+// (one offset from every token's block: one register for the T addresses).
+template <int T, int S, int G, bool kInit = false>
 inline void scaled_subblocks(const __m512i* q, const __m512i* sc, const uint8_t* const at[T], __m512i sumi[T],
-                             StreamPrefetch& pf) {
+                             StreamPrefetch& pf, ptrdiff_t init = 0) {
   for (int s = 0; s < S; ++s) {
     pf.step();
     if (S <= 8) pf.step();
     __m512i acc[T];
-    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_si512();
+    for (int t = 0; t < T; ++t) acc[t] = kInit ? bcast4(at[t] + init + 4 * s) : _mm512_setzero_si512();
     for (int g = 0; g < G; ++g) {
       const __m512i w = q[G * s + g];
       for (int t = 0; t < T; ++t)
@@ -463,7 +488,7 @@ struct ScalesPair {
 };
 template <int T>
 void q4K_pair_tokens(const uint8_t* qs, size_t gstride, const ScalesPair* tiles, int64_t np, const uint8_t* a,
-                     size_t a_stride, const int32_t* pairs, size_t pairs_stride, float* y, int64_t ldy,
+                     size_t a_stride, const int32_t* pairs, size_t pairs_stride, float* y, int64_t ldy, bool first,
                      StreamPrefetch& pf) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   __m512 out[2][T];
@@ -499,33 +524,33 @@ void q4K_pair_tokens(const uint8_t* qs, size_t gstride, const ScalesPair* tiles,
     q45K_finish<T>(tiles[i].g[1], sumi[1], at, pairs + 4 * size_t(i), pairs_stride, out[1]);
   }
   for (int t = 0; t < T; ++t) {
-    store_rows(y + t * ldy, 0xFFFF, out[0][t], true);
-    store_rows(y + t * ldy + kRows, 0xFFFF, out[1][t], true);
+    store_rows(y + t * ldy, 0xFFFF, out[0][t], first);
+    store_rows(y + t * ldy + kRows, 0xFFFF, out[1][t], first);
   }
 }
 
-// A pair of interleaved Q4_K groups (rows a, then b) whose K is one panel (nsb <= 8 super-blocks:
-// 2048 elements) against n_tok tokens, in blocks of up to 4 tokens (as even as they can be); y
-// rows r .. r + 32. Meanwhile the next pair of the stream (the 2 nsb super-blocks after b's, as the
-// row-interleaved layout stores groups one after another) is prefetched into L2.
+// A pair of interleaved Q4_K groups (rows a, then b) against n_tok tokens, in panels of 8
+// super-blocks (2048 elements) and blocks of up to 4 tokens (as even as they can be); y rows
+// r .. r + 32. Meanwhile the next panel of both groups, after the last the next pair's first, is
+// prefetched into L2.
 template <class Block, class Rows>
 void q4K_pair(int64_t nsb, const Rows& a_rows, const Rows& b_rows, const uint8_t* ab, size_t a_stride,
               const int32_t* pairs, int64_t n_tok, float* y, int64_t ldy) {
-  ScalesPair tiles[8];
-  for (int64_t sb = 0; sb < nsb; ++sb) {
-    unpack_q45K_scales<Block>(a_rows, sb, tiles[sb].g[0]);
-    unpack_q45K_scales<Block>(b_rows, sb, tiles[sb].g[1]);
-  }
   const size_t gstride = size_t(b_rows.group - a_rows.group);
   const uint8_t* qs = a_rows.group + offsetof(block_q4_K, qs) * kRows;
-  StreamPrefetch pf(b_rows.group + gstride, 2 * gstride);
-  const int64_t n_blocks = (n_tok + 3) / 4;
-  int64_t block = 0;
-  for_token_blocks<4>(n_tok, [&](auto T, int64_t t0) {
-    q4K_pair_tokens<decltype(T)::value>(qs, gstride, tiles, nsb, ab + size_t(t0) * a_stride, a_stride,
-                                        pairs + size_t(t0 * nsb) * 4, size_t(nsb) * 4, y + t0 * ldy, ldy, pf);
-    pf.catch_up(++block, n_blocks);
-  });
+  constexpr int64_t kPanel = 8;
+  group_panels<ScalesPair, kPanel, 4>(
+      nsb, n_tok, pair_panels(a_rows.group, gstride, kQ4KGroupBytes, nsb, kPanel),
+      [&](int64_t sb, ScalesPair& tile) {
+        unpack_q45K_scales<Block>(a_rows, sb, tile.g[0]);
+        unpack_q45K_scales<Block>(b_rows, sb, tile.g[1]);
+      },
+      [&](auto T, int64_t t0, const ScalesPair* tiles, int64_t sb0, int64_t np, StreamPrefetch& pf) {
+        q4K_pair_tokens<decltype(T)::value>(qs + size_t(sb0) * kQ4KGroupBytes, gstride, tiles, np,
+                                            ab + size_t(t0) * a_stride + size_t(sb0) * sizeof(block_q8_K), a_stride,
+                                            pairs + size_t(t0 * nsb + sb0) * 4, size_t(nsb) * 4, y + t0 * ldy, ldy,
+                                            sb0 == 0, pf);
+      });
 }
 
 // Software prefetch distance of the decode kernel: two super-blocks of a group ahead. The
@@ -710,8 +735,8 @@ void gemm_q45K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const 
       }
     }
     if constexpr (std::is_same_v<Rows, Interleaved> && !kFifthBit) {
-      // two groups at a time while K is one panel and two whole groups are left
-      if (nsb <= 8 && r0 + 2 * kRows <= n_rows) {
+      // two groups at a time while two whole groups are left
+      if (r0 + 2 * kRows <= n_rows) {
         q4K_pair<Block>(nsb, rows, Rows(w, w_stride, r0 + kRows, n_rows), ab, a_stride, pairs.data(), n_tok, y + r0,
                         ldy);
         r0 += kRows;  // the pair's second group
@@ -721,8 +746,9 @@ void gemm_q45K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const 
     if constexpr (std::is_same_v<Rows, Interleaved> && !kFifthBit) {
       // panels of the same 2048 elements as the unpacked tiles' (the group's weights and T
       // tokens' activations in L1)
-      group_panels<ScalesQ45K, kPanelBytes / sizeof(TileQ45K)>(
-          nsb, n_tok, rows.stream(), kQ4KGroupBytes,
+      constexpr int64_t kPanel = kPanelBytes / sizeof(TileQ45K);
+      group_panels<ScalesQ45K, kPanel>(
+          nsb, n_tok, stream_panels(rows.stream(), kQ4KGroupBytes, nsb, kPanel),
           [&](int64_t sb, ScalesQ45K& tile) { unpack_q45K_scales<Block>(rows, sb, tile); },
           [&](auto T, int64_t t0, const ScalesQ45K* tiles, int64_t sb0, int64_t np, StreamPrefetch& pf) {
             q4K_packed_tokens<decltype(T)::value>(
@@ -733,7 +759,7 @@ void gemm_q45K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const 
       continue;
     }
     group_panels<TileQ45K>(
-        nsb, n_tok, rows.stream(), kRows * sizeof(Block),
+        nsb, n_tok, stream_panels(rows.stream(), kRows * sizeof(Block), nsb, kPanelBytes / sizeof(TileQ45K)),
         [&](int64_t sb, TileQ45K& tile) { unpack_q45K<Block, kFifthBit>(rows, sb, tile); },
         [&](auto T, int64_t t0, const TileQ45K* tiles, int64_t sb0, int64_t np, StreamPrefetch& pf) {
           q45K_tokens<decltype(T)::value>(tiles, np, ab + size_t(t0) * a_stride + size_t(sb0) * sizeof(block_q8_K),
@@ -746,11 +772,32 @@ void gemm_q45K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const 
 // ---- Q6_K ----
 
 struct TileQ6K {
-  __m512i q[64];      // group g: lane r = stored quants (q + 32, 0..63) 4g .. 4g + 3 of row r
-  __m512i sc[16];     // sub-block scales, int32 per row
-  __m512i offset[8];  // int16 pairs per row: (-32 sc_2p, -32 sc_2p+1), against the bsums pairs
+  __m512i q[64];   // group g: lane r = stored quants (q + 32, 0..63) 4g .. 4g + 3 of row r
+  __m512i sc[16];  // sub-block scales, int32 per row
   __m512 d;
 };
+
+// The stored quants are q + 32: per token and super-block, -32 times the Q8_K sub-block sums
+// (bsums) as int32, where each sub-block's vpdpbusd sums start (a broadcast load each, in place
+// of the offset term's eight vpdpwssd a token and super-block, which take vpdpbusd's ports).
+// Laid out as the activations, a_stride per token and 64 bytes per super-block, so that token t's
+// offsets of super-block sb lie a fixed distance from its Q8_K block: at
+// at[t] + offsets_delta(out, a, sb) (int8 *: bytes).
+void q6K_offsets(const uint8_t* a, size_t a_stride, int64_t n_tok, int64_t nsb, std::vector<uint8_t>& out) {
+  out.resize(size_t(n_tok) * a_stride);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const auto* blocks = reinterpret_cast<const block_q8_K*>(a + size_t(t) * a_stride);
+    uint8_t* o = out.data() + size_t(t) * a_stride;
+    for (int64_t sb = 0; sb < nsb; ++sb)
+      _mm512_storeu_si512(o + 64 * sb, _mm512_slli_epi32(_mm512_sub_epi32(_mm512_setzero_si512(),
+                                                                          _mm512_cvtepi16_epi32(load32(blocks[sb].bsums))),
+                                                         5));
+  }
+}
+// from super-block sb's Q8_K block of a token (activations at a) to its offsets (out)
+inline ptrdiff_t offsets_delta(const std::vector<uint8_t>& out, const uint8_t* a, int64_t sb) {
+  return (out.data() - a) + sb * (64 - ptrdiff_t(sizeof(block_q8_K)));
+}
 
 // Where a Q6_K tile's 16 rows come from (as FileRows / Interleaved for Q4_K, per super-block:
 // load16(sb, off, r): r[j] lane i = dword off / 4 + j of super-block sb of row i; d(sb): the rows'
@@ -832,36 +879,27 @@ void unpack_q6K(const Src& src, int64_t sb, TileQ6K& tile) {
   }
   __m512i z[4];
   src.load4(sb, offsetof(block_q6_K, scales), z);  // z[k]: sc 4k .. 4k + 3
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < 4; ++k)
     for (int i = 0; i < 4; ++i) tile.sc[4 * k + i] = _mm512_srai_epi32(_mm512_slli_epi32(z[k], 24 - 8 * i), 24);
-    const __m512i even = _mm512_srai_epi16(_mm512_slli_epi16(z[k], 8), 8);  // words (sc 4k, sc 4k + 2)
-    const __m512i odd = _mm512_srai_epi16(z[k], 8);                          // (sc 4k + 1, sc 4k + 3)
-    const __m512i p0 = _mm512_mask_blend_epi16(0xAAAAAAAAu, even, _mm512_slli_epi32(odd, 16));
-    const __m512i p1 = _mm512_mask_blend_epi16(0xAAAAAAAAu, _mm512_srli_epi32(even, 16), odd);
-    tile.offset[2 * k] = _mm512_sub_epi16(_mm512_setzero_si512(), _mm512_slli_epi16(p0, 5));
-    tile.offset[2 * k + 1] = _mm512_sub_epi16(_mm512_setzero_si512(), _mm512_slli_epi16(p1, 5));
-  }
   tile.d = src.d(sb);
 }
 
-// Tokens t0 .. t0 + T against a panel of np super-blocks (as q45K_tokens).
+// Tokens t0 .. t0 + T against a panel of np super-blocks (as q45K_tokens); off: offsets_delta of
+// the panel's first super-block.
 template <int T>
-void q6K_tokens(const TileQ6K* tiles, int64_t np, const uint8_t* a, size_t a_stride, float* y, int64_t ldy,
-                __mmask16 mask, bool first, StreamPrefetch& pf) {
+void q6K_tokens(const TileQ6K* tiles, int64_t np, const uint8_t* a, size_t a_stride, ptrdiff_t off, float* y,
+                int64_t ldy, __mmask16 mask, bool first, StreamPrefetch& pf) {
   __m512 out[T];
   for (int t = 0; t < T; ++t) out[t] = _mm512_setzero_ps();
   for (int64_t i = 0; i < np; ++i) {
     const TileQ6K& tile = tiles[i];
     const uint8_t* at[T];
-    for (int t = 0; t < T; ++t) at[t] = a + size_t(t) * a_stride + size_t(i) * sizeof(block_q8_K);
     __m512i sumi[T];
-    // the offset term first: -32 sum_s sc_s bsums_s
     for (int t = 0; t < T; ++t) {
+      at[t] = a + size_t(t) * a_stride + size_t(i) * sizeof(block_q8_K);
       sumi[t] = _mm512_setzero_si512();
-      for (int p = 0; p < 8; ++p)
-        sumi[t] = _mm512_dpwssd_epi32(sumi[t], tile.offset[p], bcast4(at[t] + kQ8KBsums + 4 * p));
     }
-    scaled_subblocks<T, 16, 4>(tile.q, tile.sc, at, sumi, pf);
+    scaled_subblocks<T, 16, 4, true>(tile.q, tile.sc, at, sumi, pf, off + i * (64 - ptrdiff_t(sizeof(block_q8_K))));
     for (int t = 0; t < T; ++t) {
       float da;
       std::memcpy(&da, at[t] + offsetof(block_q8_K, d), 4);
@@ -878,29 +916,24 @@ struct TilePairQ6K {
 };
 constexpr int64_t kQ6KPairPanel = std::max<int64_t>(1, int64_t(kPanelBytes / sizeof(TilePairQ6K)));
 template <int T>
-void q6K_pair_tokens(const TilePairQ6K* tiles, int64_t np, const uint8_t* a, size_t a_stride, float* y, int64_t ldy,
-                     bool first, StreamPrefetch& pf) {
+void q6K_pair_tokens(const TilePairQ6K* tiles, int64_t np, const uint8_t* a, size_t a_stride, ptrdiff_t off,
+                     float* y, int64_t ldy, bool first, StreamPrefetch& pf) {
   __m512 out[2][T];
   for (int t = 0; t < T; ++t) out[0][t] = out[1][t] = _mm512_setzero_ps();
   for (int64_t i = 0; i < np; ++i) {
     const TileQ6K& ta = tiles[i].g[0];
     const TileQ6K& tb = tiles[i].g[1];
     const uint8_t* at[T];
-    for (int t = 0; t < T; ++t) at[t] = a + size_t(t) * a_stride + size_t(i) * sizeof(block_q8_K);
     __m512i sumi[2][T];
-    // the offset term first: -32 sum_s sc_s bsums_s
     for (int t = 0; t < T; ++t) {
+      at[t] = a + size_t(t) * a_stride + size_t(i) * sizeof(block_q8_K);
       sumi[0][t] = sumi[1][t] = _mm512_setzero_si512();
-      for (int p = 0; p < 8; ++p) {
-        const __m512i x = bcast4(at[t] + kQ8KBsums + 4 * p);
-        sumi[0][t] = _mm512_dpwssd_epi32(sumi[0][t], ta.offset[p], x);
-        sumi[1][t] = _mm512_dpwssd_epi32(sumi[1][t], tb.offset[p], x);
-      }
     }
+    const ptrdiff_t oi = off + i * (64 - ptrdiff_t(sizeof(block_q8_K)));
     for (int s = 0; s < 16; ++s) {
       pf.step();
       __m512i acc[2][T];
-      for (int t = 0; t < T; ++t) acc[0][t] = acc[1][t] = _mm512_setzero_si512();
+      for (int t = 0; t < T; ++t) acc[0][t] = acc[1][t] = bcast4(at[t] + oi + 4 * s);
       for (int g = 0; g < 4; ++g) {
         const __m512i wa = ta.q[4 * s + g], wb = tb.q[4 * s + g];
         for (int t = 0; t < T; ++t) {
@@ -1064,6 +1097,8 @@ void gemm_q6K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const v
               int64_t n_tok, float* y, int64_t ldy) {
   const int64_t nsb = n / QK_K;
   const auto* ab = static_cast<const uint8_t*>(a);
+  thread_local std::vector<uint8_t> offs;  // the panels' (the fused kernels read bsums themselves)
+  if (!std::is_same_v<Rows, Q6Interleaved> || n_tok > kFusedMaxTokens) q6K_offsets(ab, a_stride, n_tok, nsb, offs);
   for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
     const Rows rows(w, w_stride, r0, n_rows, nsb);
     if constexpr (std::is_same_v<Rows, Q6Interleaved>) {
@@ -1088,30 +1123,33 @@ void gemm_q6K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const v
       }
     }
     if constexpr (std::is_same_v<Rows, Q6Interleaved>) {
-      // two groups at a time while K is one panel of pairs (768 elements: the experts' down) and
-      // two whole groups are left; the prefetch's next panel is then the next pair
-      if (nsb <= kQ6KPairPanel && r0 + 2 * kRows <= n_rows) {
+      // two groups at a time while two whole groups are left
+      if (r0 + 2 * kRows <= n_rows) {
         const Rows rows_b(w, w_stride, r0 + kRows, n_rows, nsb);
         group_panels<TilePairQ6K, kQ6KPairPanel, 4>(
-            nsb, n_tok, rows.stream(), 2 * kRows * sizeof(block_q6_K),
+            nsb, n_tok,
+            pair_panels(rows.stream(), size_t(rows_b.group - rows.group), kRows * sizeof(block_q6_K), nsb,
+                        kQ6KPairPanel),
             [&](int64_t sb, TilePairQ6K& tile) {
               unpack_q6K(rows, sb, tile.g[0]);
               unpack_q6K(rows_b, sb, tile.g[1]);
             },
             [&](auto T, int64_t t0, const TilePairQ6K* tiles, int64_t sb0, int64_t np, StreamPrefetch& pf) {
               q6K_pair_tokens<decltype(T)::value>(tiles, np, ab + size_t(t0) * a_stride + size_t(sb0) * sizeof(block_q8_K),
-                                                  a_stride, y + t0 * ldy + r0, ldy, sb0 == 0, pf);
+                                                  a_stride, offsets_delta(offs, ab, sb0), y + t0 * ldy + r0, ldy,
+                                                  sb0 == 0, pf);
             });
         r0 += kRows;  // the pair's second group
         continue;
       }
     }
     group_panels<TileQ6K>(
-        nsb, n_tok, rows.stream(), kRows * sizeof(block_q6_K),
+        nsb, n_tok, stream_panels(rows.stream(), kRows * sizeof(block_q6_K), nsb, kPanelBytes / sizeof(TileQ6K)),
         [&](int64_t sb, TileQ6K& tile) { unpack_q6K(rows, sb, tile); },
         [&](auto T, int64_t t0, const TileQ6K* tiles, int64_t sb0, int64_t np, StreamPrefetch& pf) {
           q6K_tokens<decltype(T)::value>(tiles, np, ab + size_t(t0) * a_stride + size_t(sb0) * sizeof(block_q8_K),
-                                         a_stride, y + t0 * ldy + r0, ldy, rows.mask, sb0 == 0, pf);
+                                         a_stride, offsets_delta(offs, ab, sb0), y + t0 * ldy + r0, ldy, rows.mask,
+                                         sb0 == 0, pf);
         });
   }
 }
@@ -1308,7 +1346,7 @@ void gemm_32(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const vo
       continue;
     }
     group_panels<Tile32>(
-        n_units, n_tok, rows.stream(), unit_bytes,
+        n_units, n_tok, stream_panels(rows.stream(), unit_bytes, n_units, kPanelBytes / sizeof(Tile32)),
         [&](int64_t u, Tile32& tile) {
           rows.unpack(u * kUnitBlocks, int(std::min<int64_t>(kUnitBlocks, nb - u * kUnitBlocks)), tile);
         },
