@@ -853,6 +853,30 @@ struct Q6Interleaved {
 template <class Src>
 void unpack_q6K(const Src& src, int64_t sb, TileQ6K& tile) {
   const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  if constexpr (std::is_same_v<Src, Q6Interleaved>) {
+    // straight from the loads, as gemv_q6K_interleaved (whose comment has the layout): register
+    // 32n + 8k + m of the tile from ql dwords 16n + m, 16n + 8 + m and qh dword 32 + 8n + m.
+    // Through arrays of the 16-register loads (below) GCC stored every load to the stack first,
+    // and the stores made the unpacking a third of the Q6_K experts' time in pp512.
+    const uint8_t* dw = src.dwords(sb);
+    for (int n = 0; n < 2; ++n)
+      for (int m = 0; m < 8; ++m) {
+        const __m512i qa = load64(dw + 64 * (16 * n + m)), qb = load64(dw + 64 * (16 * n + 8 + m));
+        const __m512i h = load64(dw + 64 * (32 + 8 * n + m));
+        __m512i* q = tile.q + 32 * n + m;
+        q[0] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_slli_epi16(h, 4), m30), m4, qa, 0xB8);
+        q[8] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_slli_epi16(h, 2), m30), m4, qb, 0xB8);
+        q[16] = _mm512_ternarylogic_epi32(_mm512_and_si512(h, m30), m4, _mm512_srli_epi16(qa, 4), 0xB8);
+        q[24] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(h, 2), m30), m4,
+                                          _mm512_srli_epi16(qb, 4), 0xB8);
+      }
+    for (int k = 0; k < 4; ++k) {  // scale dword 48 + k: sc 4k .. 4k + 3
+      const __m512i z = load64(dw + 64 * (48 + k));
+      for (int i = 0; i < 4; ++i) tile.sc[4 * k + i] = _mm512_srai_epi32(_mm512_slli_epi32(z, 24 - 8 * i), 24);
+    }
+    tile.d = src.d(sb);
+    return;
+  }
   __m512i qh[16];
   src.load16(sb, offsetof(block_q6_K, qh), qh);
   for (int h = 0; h < 2; ++h) {
