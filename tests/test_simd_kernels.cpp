@@ -34,6 +34,7 @@
 #include "cpu/fp16.h"
 #include "kernel_test_random.h"
 #include "cpu/kernels.h"
+#include "cpu/ops.h"
 #include "cpu/quant_blocks.h"
 #include "cpu/quant_traits.h"
 
@@ -623,6 +624,40 @@ TEST(SimdSiluMul, MatchesTheDoubleFormula) {
       }
     }
   }
+}
+
+// RoPE (cpu::rope): each rotated pair (neox: i and i + n_rot / 2; norm: 2i and 2i + 1) of every
+// head within 1e-5 of the rotation by the same float angles (ggml's recurrence pos * base^(-2i /
+// n_rot)) with double cos / sin; the dimensions past n_rot untouched.
+TEST(Ops, RopeRotatesEachPairOfEveryHead) {
+  SEED_TRACE();
+  Rng rng(7);
+  for (cpu::RopeKind kind : {cpu::RopeKind::neox, cpu::RopeKind::norm})
+    for (int n_rot : {128, 64}) {  // 64: a partial rotation of 128-wide heads
+      constexpr int kHeads = 5, kDim = 128;
+      cpu::RopeParams p;
+      p.kind = kind;
+      p.n_rot = n_rot;
+      p.freq_base = 1e6f;
+      const int64_t pos = 3001;
+      std::vector<float> x(kHeads * kDim);
+      for (float& v : x) v = rng.uniform(-1.0f, 1.0f);
+      std::vector<float> y = x;
+      cpu::rope(y.data(), kHeads, kDim, pos, p);
+      const float theta_scale = std::pow(p.freq_base, -2.0f / float(n_rot));
+      for (int h = 0; h < kHeads; ++h) {
+        const float* xh = x.data() + h * kDim;
+        const float* yh = y.data() + h * kDim;
+        float theta = float(pos);
+        for (int i = 0; i < n_rot / 2; ++i, theta *= theta_scale) {
+          const int a = kind == cpu::RopeKind::neox ? i : 2 * i, b = kind == cpu::RopeKind::neox ? i + n_rot / 2 : 2 * i + 1;
+          const double c = std::cos(double(theta)), sn = std::sin(double(theta));
+          ASSERT_NEAR(yh[a], xh[a] * c - xh[b] * sn, 1e-5) << "head " << h << " pair " << i << " n_rot " << n_rot;
+          ASSERT_NEAR(yh[b], xh[a] * sn + xh[b] * c, 1e-5) << "head " << h << " pair " << i << " n_rot " << n_rot;
+        }
+        for (int d = n_rot; d < kDim; ++d) ASSERT_EQ(yh[d], xh[d]) << "head " << h << " dim " << d;
+      }
+    }
 }
 
 }  // namespace
