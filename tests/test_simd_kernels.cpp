@@ -626,6 +626,30 @@ TEST(SimdSiluMul, MatchesTheDoubleFormula) {
   }
 }
 
+// axpy and scale: bit-identical to fma(a, x, y) and a * x at every tail length (the forward pass's
+// sums must not depend on the ISA's vector width).
+TEST(SimdAxpy, BitIdenticalToFmaAndProduct) {
+  SEED_TRACE();
+  Rng rng(8);
+  for (CpuIsa isa : kSimdIsas) {
+    if (!cpu::isa_supported(isa)) continue;
+    const cpu::KernelTable& k = cpu::cpu_kernels(isa);
+    for (int64_t n : {1, 7, 8, 15, 16, 17, 100, 2048}) {
+      std::vector<float> x(static_cast<size_t>(n)), y(static_cast<size_t>(n));
+      for (float& v : x) v = rng.uniform(-3.0f, 3.0f);
+      for (float& v : y) v = rng.uniform(-3.0f, 3.0f);
+      const float a = rng.uniform(-2.0f, 2.0f);
+      std::vector<float> got = y, prod(static_cast<size_t>(n), -1.0f);
+      k.axpy(got.data(), x.data(), a, n);
+      k.scale(prod.data(), x.data(), a, n);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(got[size_t(i)], std::fma(a, x[size_t(i)], y[size_t(i)])) << cpu::isa_name(isa) << " n=" << n << " i=" << i;
+        ASSERT_EQ(prod[size_t(i)], a * x[size_t(i)]) << cpu::isa_name(isa) << " n=" << n << " i=" << i;
+      }
+    }
+  }
+}
+
 // RoPE (cpu::rope): each rotated pair (neox: i and i + n_rot / 2; norm: 2i and 2i + 1) of every
 // head within 1e-5 of the rotation by the same float angles (ggml's recurrence pos * base^(-2i /
 // n_rot)) with double cos / sin; the dimensions past n_rot untouched.

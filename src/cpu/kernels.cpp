@@ -24,6 +24,8 @@ KernelTable reference_table() {
   t.sgemm = detail::sgemm_ref;
   t.exp_sum = detail::exp_sum_ref;
   t.silu_mul = detail::silu_mul_ref;
+  t.axpy = detail::axpy_ref;
+  t.scale = detail::scale_ref;
   t.half_to_float = detail::half_to_float_ref;
   detail::add_attend_ref(t.attend.data());
   return t;
@@ -41,6 +43,8 @@ KernelTable build_table(CpuIsa isa) {
     t.sgemm = detail::sgemm_avx2;
     t.exp_sum = detail::exp_sum_avx2;
     t.silu_mul = detail::silu_mul_avx2;
+    t.axpy = detail::axpy_avx2;
+    t.scale = detail::scale_avx2;
     t.half_to_float = detail::half_to_float_avx2;
     detail::add_attend_avx2(t.attend.data());
   }
@@ -52,6 +56,8 @@ KernelTable build_table(CpuIsa isa) {
     t.sgemm = detail::sgemm_avx512;
     t.exp_sum = detail::exp_sum_avx512;
     t.silu_mul = detail::silu_mul_avx512;
+    t.axpy = detail::axpy_avx512;
+    t.scale = detail::scale_avx512;
     t.half_to_float = detail::half_to_float_avx512;
     detail::add_attend_avx512(t.attend.data());
     t.scores_q8 = detail::scores_q8_avx512();
@@ -74,6 +80,14 @@ void detail::sgemm_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t 
 
 void detail::silu_mul_ref(float* g, const float* u, int64_t n) {
   for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+void detail::axpy_ref(float* y, const float* x, float a, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
+}
+
+void detail::scale_ref(float* y, const float* x, float a, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = a * x[i];
 }
 
 void detail::half_to_float_ref(const uint16_t* x, float* y, int64_t n) {

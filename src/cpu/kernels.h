@@ -67,6 +67,12 @@ using ExpSumFn = float (*)(const float* x, float* y, int64_t n, float max);
 // variants use exp_sum's polynomial exp; within 1e-6 relative of the double-precision formula).
 using SiluMulFn = void (*)(float* g, const float* u, int64_t n);
 
+// y[i] = fma(a, x[i], y[i]) for i < n (one rounding: bit-identical across ISAs), and
+// y[i] = a * x[i]: the forward pass's residual adds, weighted sums and scaled copies, in vectors
+// (the code around them is compiled for the baseline ISA).
+using AxpyFn = void (*)(float* y, const float* x, float a, int64_t n);
+using ScaleFn = void (*)(float* y, const float* x, float a, int64_t n);
+
 // y[i] = the IEEE half x[i] as a float, for i < n (exact: every half is a float). The f16 KV
 // cache is read through it.
 using HalfToFloatFn = void (*)(const uint16_t* x, float* y, int64_t n);
@@ -149,6 +155,8 @@ struct KernelTable {
   SgemmFn sgemm = nullptr;  // never null
   ExpSumFn exp_sum = nullptr;  // never null
   SiluMulFn silu_mul = nullptr;  // never null
+  AxpyFn axpy = nullptr;          // never null
+  ScaleFn scale = nullptr;        // never null
   HalfToFloatFn half_to_float = nullptr;  // never null
   // attend[KvType]: decode attention over f16 / q8_0 (and f32) cache entries; never null
   std::array<AttendFn, 3> attend{};
@@ -226,6 +234,12 @@ float exp_sum_avx512(const float* x, float* y, int64_t n, float max);
 void silu_mul_ref(float* g, const float* u, int64_t n);
 void silu_mul_avx2(float* g, const float* u, int64_t n);
 void silu_mul_avx512(float* g, const float* u, int64_t n);
+void axpy_ref(float* y, const float* x, float a, int64_t n);
+void axpy_avx2(float* y, const float* x, float a, int64_t n);
+void axpy_avx512(float* y, const float* x, float a, int64_t n);
+void scale_ref(float* y, const float* x, float a, int64_t n);
+void scale_avx2(float* y, const float* x, float a, int64_t n);
+void scale_avx512(float* y, const float* x, float a, int64_t n);
 }  // namespace detail
 
 }  // namespace strata::cpu

@@ -192,9 +192,7 @@ float dot_f32(const float* a, const float* b, int64_t n) {
   return f32_dot(n, a, b);
 }
 
-void add(float* y, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
-}
+void add(float* y, const float* x, int64_t n) { cpu_kernels().axpy(y, x, 1.0f, n); }
 
 float max_value(const float* x, int64_t n, float init) {
   float mx = init;  // in lanes: a serial maxss chain was most of a 512-token prefill's softmax time

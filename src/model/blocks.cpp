@@ -324,6 +324,7 @@ void run_ffns(const cpu::Matmul& be, const std::vector<FfnWork>& ffns, const flo
 
   // down (+ bias) of columns [r0, r1) for every FFN in batch order, each block's rows (in L2)
   // scaled and added into its tokens' rows of out
+  const cpu::AxpyFn axpy = cpu::cpu_kernels().axpy;
   auto run_down = [&](const RowTask& task, int thread) {
     const int64_t w = task.r1 - task.r0;
     thread_local std::vector<float> yd;
@@ -346,7 +347,7 @@ void run_ffns(const cpu::Matmul& be, const std::vector<FfnWork>& ffns, const flo
           if (f.down_b) cpu::add(&yd[size_t(t * w)], f.down_b + task.r0, w);
           float* o = out + f.tokens[size_t(b.t0 + t)] * E + task.r0;
           const float s = f.scale[size_t(b.t0 + t)];
-          for (int64_t j = 0; j < w; ++j) o[j] += yt[j] * s;
+          axpy(o, yt, s, w);
         }
       }
     }
@@ -656,6 +657,7 @@ void attention_prefill(const AttentionParams& p, KvCache& cache, int layer, cons
   const int64_t HKV = p.n_head_kv, DK = p.head_dim_k, DV = p.head_dim_v, kb = KvCache::kKeyBlock;
   const int64_t T = std::max<int64_t>(1, cpu::kAttendMaxRows / group), n_blocks = (n_tok + T - 1) / T;
   const cpu::AttendFn attend = cpu::cpu_kernels().attend[size_t(cache.type)];
+  const cpu::ScaleFn scale = cpu::cpu_kernels().scale;
   // keys [first, end) of the token at t
   auto first = [&](int64_t t) { return p.n_swa > 0 ? std::max<int64_t>(0, pos0 + t - p.n_swa + 1) : int64_t(0); };
   cpu::compute_pool().run(n_blocks * HKV, [&](int64_t task, int) {
@@ -670,7 +672,7 @@ void attention_prefill(const AttentionParams& p, KvCache& cache, int layer, cons
       for (int g = 0; g < group; ++g) {
         const float* src = q + (t * p.n_head + hk * group + g) * DK;
         float* dst = &qb[size_t(((t - t0) * group + g) * DK)];
-        for (int64_t d = 0; d < DK; ++d) dst[d] = src[d] * p.scale;
+        scale(dst, src, p.scale, DK);
       }
     // rows [r0, r0 + nr) over keys [lo, hi)
     auto run = [&](int r0, int nr, int64_t lo, int64_t hi) {
@@ -713,7 +715,7 @@ void attention_prefill(const AttentionParams& p, KvCache& cache, int layer, cons
       }
       const float w = keep / sum;
       float* dst = out + (t * p.n_head + head) * DV;
-      for (int64_t i = 0; i < DV; ++i) dst[i] = o[size_t(r * DV) + size_t(i)] * w;
+      scale(dst, &o[size_t(r * DV)], w, DV);
     }
   });
 }
@@ -742,6 +744,7 @@ void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const fl
   const int64_t kTokBlock = n_tok <= cpu::kBatchInvariantTokens ? 1 : 16;
   const int64_t n_blocks = (n_tok + kTokBlock - 1) / kTokBlock;
   const cpu::SgemmFn sgemm = cpu::cpu_kernels().sgemm;
+  const cpu::ScaleFn scale = cpu::cpu_kernels().scale;
   // q8_0 keys meet the query in q8_0, as in decode (cpu/kernels.h AttendFn): in integers where
   // the ISA has the kernel, else the keys widened against the query widened back
   const bool q8 = cache.type == KvType::q8_0;
@@ -767,7 +770,7 @@ void attention_gqa(const AttentionParams& p, KvCache& cache, int layer, const fl
       for (int g = 0; g < group; ++g) {
         const float* src = q + (t * p.n_head + hk * group + g) * DK;
         float* dst = &qb[size_t(((t - t0) * group + g) * DK)];
-        for (int64_t d = 0; d < DK; ++d) dst[d] = src[d] * p.scale;
+        scale(dst, src, p.scale, DK);
       }
     thread_local std::vector<int8_t> qi;
     thread_local std::vector<float> qd;

@@ -98,6 +98,20 @@ float exp_sum_avx2(const float* x, float* y, int64_t n, float max) {
   return s;
 }
 
+void axpy_avx2(float* y, const float* x, float a, int64_t n) {
+  const __m256 av = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] = __builtin_fmaf(a, x[i], y[i]);  // not std::fma: an inline function of a shared header (simd_common.h)
+}
+
+void scale_avx2(float* y, const float* x, float a, int64_t n) {
+  const __m256 av = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(av, _mm256_loadu_ps(x + i)));
+  for (; i < n; ++i) y[i] = a * x[i];
+}
+
 void silu_mul_avx2(float* g, const float* u, int64_t n) {
   const __m256 one = _mm256_set1_ps(1.0f);
   auto silu_mul8 = [&](__m256 x, __m256 y) {
