@@ -181,60 +181,59 @@ constexpr size_t kPanelBytes = 40 * 1024;
 // one burst per token block, the lines queued behind each other and the kernel waited on the
 // prefetch loop (a third of gemm_q45K's own time, perf of BM_expert_ffn). step() is branch-free:
 // GCC keeps the hot loop's accumulators in place around it (see ../avx2/simd_common.h
-// PacedPrefetch). pair: a second range of the same length that far on (the other group of a
-// pair), its lines taking turns with the first's.
+// PacedPrefetch).
 class StreamPrefetch {
  public:
   StreamPrefetch() = default;
-  StreamPrefetch(const uint8_t* from, size_t bytes, size_t pair = 0) : pair_(pair) {
+  StreamPrefetch(const uint8_t* from, size_t bytes) {
     if (from == nullptr) return;
     begin_ = p_ = reinterpret_cast<uintptr_t>(from) & ~uintptr_t(63);
     end_ = (reinterpret_cast<uintptr_t>(from) + bytes + 63) & ~uintptr_t(63);
     last_ = end_ - 64;
   }
   void step() {
-    _mm_prefetch(reinterpret_cast<const char*>(p_ + sel_), _MM_HINT_T1);
-    sel_ ^= pair_;
-    p_ = sel_ == 0 && p_ < last_ ? p_ + 64 : p_;
+    _mm_prefetch(reinterpret_cast<const char*>(p_), _MM_HINT_T1);
+    p_ = p_ < last_ ? p_ + 64 : p_;
   }
-  // at least the first `num / den` of the range(s) asked for
+  bool empty() const { return begin_ == end_; }
+  // at least the first `num / den` of the range asked for
   void catch_up(int64_t num, int64_t den) {
     const uintptr_t to = begin_ + (end_ - begin_) / 64 * uint64_t(num) / uint64_t(den) * 64;
-    for (; p_ < to; p_ += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(p_), _MM_HINT_T1);
-      if (pair_ != 0) _mm_prefetch(reinterpret_cast<const char*>(p_ + pair_), _MM_HINT_T1);
-    }
-    sel_ = 0;
+    for (; p_ < to; p_ += 64) _mm_prefetch(reinterpret_cast<const char*>(p_), _MM_HINT_T1);
   }
 
  private:
   uintptr_t begin_ = 0, p_ = 0, end_ = 0, last_ = 0;  // empty: steps on address 0
-  uintptr_t pair_ = 0, sel_ = 0;
 };
 
 // What a panel's token blocks prefetch: the units after it, up to a panel of them, or after the
-// group's last panel the next group's first (the next pair's), as the row-interleaved layout
-// stores groups one after another. stream: the group's unit 0 (nullptr for the file layout: no
-// prefetch), unit_bytes a unit's bytes in it.
+// group's last panel the next group's first, as the row-interleaved layout stores groups one
+// after another. A pair of groups has two such ranges (b's gstride after a's), taken one after
+// the other: the first half of the token blocks steps through a's, the rest through b's (one
+// range, the next pair whole, where K is one panel). stream: the group's unit 0 (nullptr for the
+// file layout: no prefetch), unit_bytes a unit's bytes in it.
+struct PanelPrefetch {
+  StreamPrefetch a, b;
+};
 inline auto stream_panels(const uint8_t* stream, size_t unit_bytes, int64_t n_units, int64_t panel) {
   return [=](int64_t u) {
-    if (stream == nullptr) return StreamPrefetch();
+    if (stream == nullptr) return PanelPrefetch{};
     const int64_t n = u < n_units ? std::min(panel, n_units - u) : std::min(panel, n_units);
-    return StreamPrefetch(stream + size_t(u) * unit_bytes, size_t(n) * unit_bytes);
+    return PanelPrefetch{StreamPrefetch(stream + size_t(u) * unit_bytes, size_t(n) * unit_bytes), {}};
   };
 }
-// A pair of groups (b's weights gstride after a's): the same units of both.
 inline auto pair_panels(const uint8_t* stream, size_t gstride, size_t unit_bytes, int64_t n_units, int64_t panel) {
   return [=](int64_t u) {
-    const int64_t n = u < n_units ? std::min(panel, n_units - u) : std::min(panel, n_units);
+    if (n_units <= panel) return PanelPrefetch{StreamPrefetch(stream + 2 * gstride, 2 * gstride), {}};
+    const int64_t n = u < n_units ? std::min(panel, n_units - u) : panel;
     const uint8_t* p = u < n_units ? stream + size_t(u) * unit_bytes : stream + 2 * gstride;
-    return StreamPrefetch(p, size_t(n) * unit_bytes, gstride);
+    return PanelPrefetch{StreamPrefetch(p, size_t(n) * unit_bytes), StreamPrefetch(p + gstride, size_t(n) * unit_bytes)};
   };
 }
 
 // One group's (or pair's) panels: unpack(u, tile) fills the tile of unit u (a super-block, or 8
 // blocks); tokens(T, t0, tiles, u0, nu, pf) runs tokens t0 .. t0 + T over units u0 .. u0 + nu
-// (first panel: u0 == 0), stepping pf = next(u0 + nu) (stream_panels, pair_panels).
+// (first panel: u0 == 0), stepping pf: the ranges of next(u0 + nu) (stream_panels, pair_panels).
 template <class Tile, int64_t kPanel = std::max<int64_t>(1, int64_t(kPanelBytes / sizeof(Tile))), int kMaxTok = kTok,
           class Next, class Unpack, class Tokens>
 void group_panels(int64_t n_units, int64_t n_tok, Next&& next, Unpack&& unpack, Tokens&& tokens) {
@@ -243,12 +242,18 @@ void group_panels(int64_t n_units, int64_t n_tok, Next&& next, Unpack&& unpack, 
   for (int64_t u0 = 0; u0 < n_units; u0 += kPanel) {
     const int64_t nu = std::min(kPanel, n_units - u0);
     for (int64_t i = 0; i < nu; ++i) unpack(u0 + i, tiles[size_t(i)]);
-    auto pf = next(u0 + nu);
+    PanelPrefetch pf = next(u0 + nu);
+    // blocks [0, half) step range a, the rest range b
+    const int64_t half = pf.b.empty() ? n_blocks : (n_blocks + 1) / 2;
     int64_t block = 0;
     for_token_blocks<kMaxTok>(n_tok, [&](auto T, int64_t t0) {
-      tokens(T, t0, tiles.data(), u0, nu, pf);
-      pf.catch_up(++block, n_blocks);
+      StreamPrefetch& range = block < half ? pf.a : pf.b;
+      tokens(T, t0, tiles.data(), u0, nu, range);
+      ++block;
+      if (block <= half) pf.a.catch_up(block, half);
+      else pf.b.catch_up(block - half, n_blocks - half);
     });
+    if (half == n_blocks) pf.b.catch_up(1, 1);
   }
 }
 
