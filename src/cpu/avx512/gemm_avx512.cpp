@@ -68,6 +68,11 @@ inline int32_t load_i32(const void* p) {
 }
 // Four activation bytes broadcast to every lane (an embedded {1to16} broadcast of vpdpbusd).
 inline __m512i bcast4(const void* p) { return _mm512_set1_epi32(load_i32(p)); }
+// p + d where the result lies in another buffer than p's (pointer arithmetic across objects is
+// undefined; in integers it is not)
+inline const uint8_t* at_offset(const uint8_t* p, ptrdiff_t d) {
+  return reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(p) + uintptr_t(d));
+}
 
 // Runs fn(std::integral_constant<int, T>, t0) over the tokens in blocks of at most kTok, as even
 // as they can be: 33 tokens as 7 + 7 + 7 + 6 + 6, not 8 + 8 + 8 + 8 + 1, since a block of T
@@ -273,7 +278,7 @@ inline void scaled_subblocks(const __m512i* q, const __m512i* sc, const uint8_t*
     pf.step();
     if (S <= 8) pf.step();
     __m512i acc[T];
-    for (int t = 0; t < T; ++t) acc[t] = kInit ? bcast4(at[t] + init + 4 * s) : _mm512_setzero_si512();
+    for (int t = 0; t < T; ++t) acc[t] = kInit ? bcast4(at_offset(at[t], init + 4 * s)) : _mm512_setzero_si512();
     for (int g = 0; g < G; ++g) {
       const __m512i w = q[G * s + g];
       for (int t = 0; t < T; ++t)
@@ -799,9 +804,11 @@ void q6K_offsets(const uint8_t* a, size_t a_stride, int64_t n_tok, int64_t nsb, 
                                                          5));
   }
 }
-// from super-block sb's Q8_K block of a token (activations at a) to its offsets (out)
+// from super-block sb's Q8_K block of a token (activations at a) to its offsets (out), in integers
+// (the two buffers are different objects: at_offset)
 inline ptrdiff_t offsets_delta(const std::vector<uint8_t>& out, const uint8_t* a, int64_t sb) {
-  return (out.data() - a) + sb * (64 - ptrdiff_t(sizeof(block_q8_K)));
+  return ptrdiff_t(reinterpret_cast<uintptr_t>(out.data()) - reinterpret_cast<uintptr_t>(a)) +
+         sb * (64 - ptrdiff_t(sizeof(block_q8_K)));
 }
 
 // Where a Q6_K tile's 16 rows come from (as FileRows / Interleaved for Q4_K, per super-block:
@@ -962,7 +969,7 @@ void q6K_pair_tokens(const TilePairQ6K* tiles, int64_t np, const uint8_t* a, siz
     for (int s = 0; s < 16; ++s) {
       pf.step();
       __m512i acc[2][T];
-      for (int t = 0; t < T; ++t) acc[0][t] = acc[1][t] = bcast4(at[t] + oi + 4 * s);
+      for (int t = 0; t < T; ++t) acc[0][t] = acc[1][t] = bcast4(at_offset(at[t], oi + 4 * s));
       for (int g = 0; g < 4; ++g) {
         const __m512i wa = ta.q[4 * s + g], wb = tb.q[4 * s + g];
         for (int t = 0; t < T; ++t) {
