@@ -811,10 +811,10 @@ inline ptrdiff_t offsets_delta(const std::vector<uint8_t>& out, const uint8_t* a
          sb * (64 - ptrdiff_t(sizeof(block_q8_K)));
 }
 
-// Where a Q6_K tile's 16 rows come from (as FileRows / Interleaved for Q4_K, per super-block:
-// load16(sb, off, r): r[j] lane i = dword off / 4 + j of super-block sb of row i; d(sb): the rows'
-// scales). Q6FileRows transposes the file layout; Q6Interleaved reads cpu/repack.h's layout
-// (units of two super-blocks: their 52 dwords each, then the 16 rows' d of each).
+// Where a Q6_K tile's 16 rows come from (d(sb): the rows' scales of super-block sb). Q6FileRows
+// transposes the file layout (load16(sb, off, r): r[j] lane i = dword off / 4 + j of super-block
+// sb of row i, as FileRows for Q4_K); Q6Interleaved reads cpu/repack.h's layout (units of two
+// super-blocks: their 52 dwords each, then the 16 rows' d of each), a register per dword.
 struct Q6FileRows {
   RowTile rt;
   __mmask16 mask;
@@ -845,14 +845,6 @@ struct Q6Interleaved {
   const uint8_t* dwords(int64_t sb) const {
     const int64_t ub = sb & ~int64_t(1);
     return group + size_t(ub) * sizeof(block_q6_K) * kRows + size_t(sb - ub) * kDwords * 64;
-  }
-  void load16(int64_t sb, size_t off, __m512i r[16]) const {
-    const uint8_t* p = dwords(sb) + off * kRows;
-    for (int j = 0; j < 16; ++j) r[j] = load64(p + 64 * size_t(j));
-  }
-  void load4(int64_t sb, size_t off, __m512i z[4]) const {
-    const uint8_t* p = dwords(sb) + off * kRows;
-    for (int j = 0; j < 4; ++j) z[j] = load64(p + 64 * size_t(j));
   }
   __m512 d(int64_t sb) const {
     const int64_t ub = sb & ~int64_t(1), m = std::min<int64_t>(2, nsb - ub);
@@ -886,37 +878,37 @@ void unpack_q6K(const Src& src, int64_t sb, TileQ6K& tile) {
       const __m512i z = load64(dw + 64 * (48 + k));
       for (int i = 0; i < 4; ++i) tile.sc[4 * k + i] = _mm512_srai_epi32(_mm512_slli_epi32(z, 24 - 8 * i), 24);
     }
-    tile.d = src.d(sb);
-    return;
-  }
-  __m512i qh[16];
-  src.load16(sb, offsetof(block_q6_K, qh), qh);
-  for (int h = 0; h < 2; ++h) {
-    __m512i ql[16];
-    src.load16(sb, offsetof(block_q6_K, ql) + 64 * size_t(h), ql);
-    // element 128h + 32k + l (group 32h + 8k + m, l = 4m + i): low 4 bits in ql[64h + 32 (k % 2)
-    // + l] (nibble k / 2), i.e. transposed dword 8 (k % 2) + m; high 2 bits at bit 2k of
-    // qh[32h + l], transposed dword 8h + m
-    for (int k = 0; k < 4; ++k) {
-      for (int m = 0; m < 8; ++m) {
-        const __m512i l = ql[8 * (k % 2) + m];
-        const __m512i low = k < 2 ? _mm512_and_si512(l, m4) : _mm512_and_si512(_mm512_srli_epi32(l, 4), m4);
-        const __m512i hb = qh[8 * h + m];
-        __m512i high;
-        switch (k) {
-          case 0: high = _mm512_slli_epi32(hb, 4); break;
-          case 1: high = _mm512_slli_epi32(hb, 2); break;
-          case 2: high = hb; break;
-          default: high = _mm512_srli_epi32(hb, 2); break;
+  } else {
+    // the file layout, transposed 16 registers at a time
+    __m512i qh[16];
+    src.load16(sb, offsetof(block_q6_K, qh), qh);
+    for (int h = 0; h < 2; ++h) {
+      __m512i ql[16];
+      src.load16(sb, offsetof(block_q6_K, ql) + 64 * size_t(h), ql);
+      // element 128h + 32k + l (group 32h + 8k + m, l = 4m + i): low 4 bits in ql[64h + 32 (k % 2)
+      // + l] (nibble k / 2), i.e. transposed dword 8 (k % 2) + m; high 2 bits at bit 2k of
+      // qh[32h + l], transposed dword 8h + m
+      for (int k = 0; k < 4; ++k) {
+        for (int m = 0; m < 8; ++m) {
+          const __m512i l = ql[8 * (k % 2) + m];
+          const __m512i low = k < 2 ? _mm512_and_si512(l, m4) : _mm512_and_si512(_mm512_srli_epi32(l, 4), m4);
+          const __m512i hb = qh[8 * h + m];
+          __m512i high;
+          switch (k) {
+            case 0: high = _mm512_slli_epi32(hb, 4); break;
+            case 1: high = _mm512_slli_epi32(hb, 2); break;
+            case 2: high = hb; break;
+            default: high = _mm512_srli_epi32(hb, 2); break;
+          }
+          tile.q[32 * h + 8 * k + m] = _mm512_or_si512(low, _mm512_and_si512(high, m30));
         }
-        tile.q[32 * h + 8 * k + m] = _mm512_or_si512(low, _mm512_and_si512(high, m30));
       }
     }
+    __m512i z[4];
+    src.load4(sb, offsetof(block_q6_K, scales), z);  // z[k]: sc 4k .. 4k + 3
+    for (int k = 0; k < 4; ++k)
+      for (int i = 0; i < 4; ++i) tile.sc[4 * k + i] = _mm512_srai_epi32(_mm512_slli_epi32(z[k], 24 - 8 * i), 24);
   }
-  __m512i z[4];
-  src.load4(sb, offsetof(block_q6_K, scales), z);  // z[k]: sc 4k .. 4k + 3
-  for (int k = 0; k < 4; ++k)
-    for (int i = 0; i < 4; ++i) tile.sc[4 * k + i] = _mm512_srai_epi32(_mm512_slli_epi32(z[k], 24 - 8 * i), 24);
   tile.d = src.d(sb);
 }
 
