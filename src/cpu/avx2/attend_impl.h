@@ -2,12 +2,12 @@
 // compiled by attend_avx2.cpp with the AVX2 flags (../avx512/attend_avx512.cpp has its own
 // 512-bit kernels: 8 rows a pass in 32 registers). In an unnamed namespace, as simd_common.h.
 //
-// Per key block of 32 keys: the scores of up to 4 query rows by 16 keys at a time (8 accumulators:
-// each widened key vector feeds 4 rows), read straight from the cache entries (f16: F16C; q8_0:
-// in integers, `vpmaddubsw` / `vpmaddwd` on each key's 4 dims against the query quantized to q8_0
-// once a call, scores_tile_q8); the block's softmax step; then the output
-// tiles of 4 rows by 16 value columns accumulated over the block's keys, value rows widened as
-// they are read. Nothing is widened into memory, and the block's scores ([rows][32]) stay in L1.
+// f32 / f16, per key block of 32 keys: the scores of up to 4 query rows by 16 keys at a time (8
+// accumulators: each widened key vector feeds 4 rows), read straight from the cache entries
+// (f16: F16C); the block's softmax step; then the output tiles of 4 rows by 16 value columns
+// accumulated over the block's keys, value rows widened as they are read.
+// q8_0: 8 rows a pass, keys and values in integers (rows_block_q8 below).
+// Nothing is widened into memory, and the block's scores ([rows][32]) stay in L1.
 // The first pass over a block paces the prefetches (simd_common.h PacedPrefetch): its scores
 // loops bring in the block's value rows, its value loops the next key block.
 #pragma once
@@ -30,32 +30,44 @@ namespace {
 
 constexpr int64_t kAttendBlock = kKvKeyBlock;
 
-// 8 consecutive entries at p as floats (q8_0: the int8 values, unscaled)
+// 8 consecutive entries at p as floats (f32, f16)
 template <KvType T>
 inline __m256 load8(const uint8_t* p) {
+  static_assert(T == KvType::f32 || T == KvType::f16);
   if constexpr (T == KvType::f32) return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
-  else if constexpr (T == KvType::f16) return _mm256_cvtph_ps(load16(p));
-  else return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  else return _mm256_cvtph_ps(load16(p));
 }
 template <KvType T>
 constexpr size_t entry_bytes() {
-  return T == KvType::f32 ? 4 : T == KvType::f16 ? 2 : 1;
+  return T == KvType::f32 ? 4 : 2;
 }
 
-// q8_0 keys: s[r][c .. c + 16) = q_r . K_j for rows r0 .. r0 + R of the query in q8_0 (its offsets
-// unused: the keys are made signed instead) and keys
-// c .. c + 15 of the block, 8 keys at a time: per key dword (4 dims) `vpmaddubsw` of |k| against
-// the row's 4 quants signed as k (|k| <= 128 and |q| <= 127: no int16 saturation), `vpmaddwd` to
-// the key's int32 sum; per group of 32 dims the exact sum times the key's and the row's scales.
-// pf.step() dk / 2 times.
+// ---- q8_0 entries in integers, 8 rows a pass ----
+//
+// A GQA group of 8 rows meets each key and value once: the 8 rows' accumulators fill 8 of the 16
+// registers, the entry being read and its widened forms the rest.
+//
+// Scores: per 8 keys and group of 32 dims, per key dword (4 dims) `vpmaddubsw` of |k| against the
+// row's 4 quants signed as k (|k| <= 128 and |q| <= 127: no int16 saturation), `vpmaddwd` to the
+// keys' int32 sums; the exact group sums times the key's and the row's scales, added into s.
+//
+// Values: as the AVX-512 kernel's (../avx512/attend_avx512.cpp values_q8): a block's softmax
+// weights times the value rows' scales, w_j = p_j d_j (p_j = exp(s_j - the block's max) <= 1),
+// rounded to int16 against the block's largest scale (32767 w_j / dmax); then per two keys and 8
+// columns one `vpmaddwd` a row: the rows j and j + 1 interleaved byte by byte and widened to int16
+// pairs, against (w_j, w_j+1) broadcast. Where widening to floats cost a conversion chain and an
+// FMA a row for every key, twice for a group of 8, this is half an instruction a row per key. The
+// rounding of w_j is at most 2^-16 of the block's largest weight (the values' own q8_0 step is
+// 2^-7 of their block's largest).
+
+// s[r][0 .. 32) = q_r . K_j for rows r0 .. r0 + R of the query and the 32 keys of a q8_0 key
+// block; pf.step() dk times.
 template <int R>
-void scores_tile_q8(const QueryQ8View& qq, int r0, const uint8_t* blk, int64_t c, float* s, PacedPrefetch& pf) {
+void scores_block_q8(const QueryQ8View& qq, int r0, const uint8_t* blk, float* s, PacedPrefetch& pf) {
   const int64_t dk = qq.dk, ng = dk / 32;
   const uint8_t* scales = blk + dk * kAttendBlock;  // halves [dk / 32][32]
   const __m256i flip = _mm256_set1_epi8(char(0x80)), ones = _mm256_set1_epi16(1);  // offset bytes -> int8
-  for (int64_t c8 = c; c8 < c + 16; c8 += 8) {
-    __m256 tot[R];
-    for (int r = 0; r < R; ++r) tot[r] = _mm256_setzero_ps();
+  for (int64_t c8 = 0; c8 < kAttendBlock; c8 += 8) {
     for (int64_t g = 0; g < ng; ++g) {
       __m256i acc[R];
       for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
@@ -72,12 +84,129 @@ void scores_tile_q8(const QueryQ8View& qq, int r0, const uint8_t* blk, int64_t c
         }
       }
       const __m256 ks = _mm256_cvtph_ps(load16(scales + size_t(g * kAttendBlock + c8) * 2));
-      for (int r = 0; r < R; ++r)
-        tot[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_mul_ps(ks, _mm256_set1_ps(qq.d[(r0 + r) * ng + g])),
-                                 tot[r]);
+      for (int r = 0; r < R; ++r) {
+        float* sr = s + r * kAttendBlock + c8;
+        const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_mul_ps(ks, _mm256_set1_ps(qq.d[(r0 + r) * ng + g])));
+        _mm256_storeu_ps(sr, g == 0 ? t : _mm256_add_ps(_mm256_loadu_ps(sr), t));
+      }
     }
-    for (int r = 0; r < R; ++r) _mm256_storeu_ps(s + r * kAttendBlock + c8, tot[r]);
   }
+}
+
+// o[r][32 b .. 32 b + 32) = o[r][..] corr[r] + scale[r] sum over keys j in [j_lo, hi) of w[r][j] v_j
+// (value block b): wb [16][R] vectors, wb[i][r] the int16 weights of row r for keys 2i and 2i + 1
+// in every dword (0 outside the block's range; broadcast once for the block's 4 column tiles, where
+// a broadcast in the loop cost 20% more), value rows at v (row_stride bytes apart), j_lo even. One
+// loop with no tail: an odd last key pairs with the row after it at weight 0 (AttendArgs::v). Out
+// of line: inlined, GCC 12 spilled accumulators.
+template <int R>
+__attribute__((noinline)) void values_q8(const __m256i* wb, const float* corr, const float* scale, int64_t j_lo,
+                                         int64_t hi, const uint8_t* v, size_t row_stride, int64_t b, float* o,
+                                         int64_t dv, PacedPrefetch& pf) {
+  const uint8_t* qs = v + size_t(j_lo) * row_stride + size_t(b) * sizeof(block_q8_0) + offsetof(block_q8_0, qs);
+  for (int64_t c = 0; c < 32; c += 8) {
+    __m256i acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+    const uint8_t* row = qs + c;
+    const __m256i* wj = wb + j_lo / 2 * R;
+    for (int64_t j = j_lo; j < hi; j += 2, row += 2 * row_stride, wj += R) {
+      pf.step();
+      const __m128i x0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row));
+      const __m128i x1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + row_stride));
+      const __m256i pairs = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(x0, x1));  // (v_j[i], v_j+1[i]) in dword i
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs, wj[r]));
+    }
+    for (int r = 0; r < R; ++r) {
+      float* orow = o + r * dv + 32 * b + c;
+      _mm256_storeu_ps(orow, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_set1_ps(scale[r]),
+                                             _mm256_mul_ps(_mm256_loadu_ps(orow), _mm256_set1_ps(corr[r]))));
+    }
+  }
+}
+
+// rows_block for q8_0 entries: integer scores, the softmax step against the block's own max, then
+// each value block in integers (values_q8). R <= 8.
+template <int R>
+void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
+  static_assert(R >= 1 && R <= 8);
+  const uint8_t* blk = a.k + size_t(j0 / kAttendBlock) * a.k_block_stride;
+  const uint8_t* v = a.v + size_t(j0) * a.v_row_stride;
+  const bool lead = r0 == 0;  // the pass that prefetches
+  PacedPrefetch pf = lead ? value_rows_prefetch(a, j0, lo, hi) : PacedPrefetch();
+  float* sb = s + r0 * kAttendBlock;
+  scores_block_q8<R>(qq.view, r0, blk, sb, pf);
+  pf.rest();
+  // per row: the block's max score bm over [lo, hi), m' = max(m, bm), the correction exp(m - m')
+  // of what o holds, the block's factor e = exp(bm - m'), and its weights exp(s - bm) (0 outside)
+  alignas(32) float bm[8] = {}, m_old[8] = {}, corr[8], e[8];
+  for (int r = 0; r < R; ++r) {
+    float* sr = sb + r * kAttendBlock;
+    std::fill(sr, sr + lo, -INFINITY);
+    std::fill(sr + hi, sr + kAttendBlock, -INFINITY);
+    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_loadu_ps(sr), _mm256_loadu_ps(sr + 8)),
+                              _mm256_max_ps(_mm256_loadu_ps(sr + 16), _mm256_loadu_ps(sr + 24)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    bm[r] = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    m_old[r] = a.m[r0 + r];
+  }
+  const __m256 bmv = _mm256_load_ps(bm), m_new = _mm256_max_ps(_mm256_load_ps(m_old), bmv);
+  _mm256_store_ps(corr, exp8(_mm256_sub_ps(_mm256_load_ps(m_old), m_new)));
+  _mm256_store_ps(e, exp8(_mm256_sub_ps(bmv, m_new)));
+  alignas(32) float m_out[8];
+  _mm256_store_ps(m_out, m_new);
+  for (int r = 0; r < R; ++r) {
+    float* sr = sb + r * kAttendBlock;
+    const __m256 mm = _mm256_set1_ps(bm[r]);
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < kAttendBlock; j += 8) {
+      const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mm));
+      _mm256_storeu_ps(sr + j, p);
+      sum = _mm256_add_ps(sum, p);
+    }
+    a.l[r0 + r] = a.l[r0 + r] * corr[r] + e[r] * hsum(sum);
+    a.m[r0 + r] = m_out[r];
+  }
+  pf = lead ? next_key_block_prefetch(a, j0) : PacedPrefetch();
+  const int64_t j_lo = lo & ~int64_t(1);
+  alignas(32) int32_t w[16];
+  alignas(32) __m256i wb[16 * R];
+  alignas(32) uint16_t dh[kAttendBlock];
+  float scale[8];
+  // keys [lo, hi) of the block as lane masks of 4 vectors of 8
+  __m256 live[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m256i j = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(8 * i));
+    live[i] = _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(int(lo)), j),
+                                                      _mm256_cmpgt_epi32(_mm256_set1_epi32(int(hi)), j)));
+  }
+  for (int64_t b = 0; b < a.dv / 32; ++b) {
+    // the value rows' scales of block b, 0 outside [lo, hi) (the unwritten slots may hold anything:
+    // the mask clears a NaN's bits too)
+    const uint8_t* d = v + size_t(b) * sizeof(block_q8_0);
+    for (int64_t j = 0; j < kAttendBlock; ++j) std::memcpy(dh + j, d + size_t(j) * a.v_row_stride, 2);
+    __m256 dv[4];
+    for (int i = 0; i < 4; ++i) dv[i] = _mm256_and_ps(_mm256_cvtph_ps(load16(dh + 8 * i)), live[i]);
+    const __m256 m = _mm256_max_ps(_mm256_max_ps(dv[0], dv[1]), _mm256_max_ps(dv[2], dv[3]));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float dmax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const __m256 k = _mm256_set1_ps(dmax > 0 ? 32767.0f / dmax : 0.0f);
+    for (int i = 0; i < 4; ++i) dv[i] = _mm256_mul_ps(dv[i], k);
+    for (int r = 0; r < R; ++r) {
+      const float* pr = sb + r * kAttendBlock;
+      for (int i = 0; i < 4; i += 2) {
+        // packs interleaves its sources by 128-bit lane; the 64-bit permute puts the keys in order
+        const __m256i w16 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(pr + 8 * i), dv[i])),
+                                               _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(pr + 8 * i + 8), dv[i + 1])));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(w + 4 * i), _mm256_permute4x64_epi64(w16, 0xD8));
+      }
+      for (int i = 0; i < 16; ++i) wb[i * R + r] = _mm256_set1_epi32(w[i]);
+      scale[r] = e[r] * (dmax / 32767.0f);
+    }
+    values_q8<R>(wb, corr, scale, j_lo, hi, v, a.v_row_stride, b, a.o + r0 * a.dv, a.dv, pf);
+  }
+  pf.rest();
 }
 
 // s[r][c .. c + 16) = q_r . K_j for the R rows of q ([R][dk]) and keys c .. c + 15 of the block
@@ -94,7 +223,6 @@ void scores_tile(const float* q, int64_t dk, const uint8_t* blk, int64_t c, floa
       a1[r] = _mm256_fmadd_ps(b, k1, a1[r]);
     }
   };
-  static_assert(T != KvType::q8_0, "q8_0 keys: scores_tile_q8");
   for (int64_t d = 0; d < dk; ++d) {
     const uint8_t* row = blk + size_t(d * kAttendBlock + c) * es;
     pf.step();
@@ -120,18 +248,8 @@ void values_tile(const float* p, const float* corr, int64_t lo, int64_t hi, cons
   for (int64_t j = lo; j < hi; ++j) {
     const uint8_t* row = v + size_t(j) * row_stride;
     pf.step();
-    __m256 v0, v1;
-    if constexpr (T == KvType::q8_0) {
-      const auto* b = reinterpret_cast<const block_q8_0*>(row) + c0 / 32;
-      const __m256 d = _mm256_set1_ps(half_to_float(b->d));
-      const uint8_t* qs = reinterpret_cast<const uint8_t*>(b->qs) + c0 % 32;
-      v0 = _mm256_mul_ps(load8<T>(qs), d);
-      v1 = _mm256_mul_ps(load8<T>(qs + 8), d);
-    } else {
-      constexpr size_t es = entry_bytes<T>();
-      v0 = load8<T>(row + size_t(c0) * es);
-      v1 = load8<T>(row + size_t(c0 + 8) * es);
-    }
+    constexpr size_t es = entry_bytes<T>();
+    const __m256 v0 = load8<T>(row + size_t(c0) * es), v1 = load8<T>(row + size_t(c0 + 8) * es);
     for (int r = 0; r < R; ++r) {
       const __m256 b = _mm256_broadcast_ss(p + r * kAttendBlock + j);
       a0[r] = _mm256_fmadd_ps(b, v0, a0[r]);
@@ -145,15 +263,12 @@ void values_tile(const float* p, const float* corr, int64_t lo, int64_t hi, cons
 }
 
 template <KvType T, int R>
-void rows_block(const AttendArgs& a, const QueryQ8* qq, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
+void rows_block(const AttendArgs& a, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
   const uint8_t* blk = a.k + size_t(j0 / kAttendBlock) * a.k_block_stride;
   const uint8_t* v = a.v + size_t(j0) * a.v_row_stride;
   const bool lead = r0 == 0;  // the pass that prefetches
   PacedPrefetch pf = lead ? value_rows_prefetch(a, j0, lo, hi) : PacedPrefetch();
-  for (int64_t c = 0; c < kAttendBlock; c += 16) {
-    if constexpr (T == KvType::q8_0) scores_tile_q8<R>(qq->view, r0, blk, c, s + r0 * kAttendBlock, pf);
-    else scores_tile<T, R>(a.q + r0 * a.dk, a.dk, blk, c, s + r0 * kAttendBlock, pf);
-  }
+  for (int64_t c = 0; c < kAttendBlock; c += 16) scores_tile<T, R>(a.q + r0 * a.dk, a.dk, blk, c, s + r0 * kAttendBlock, pf);
   pf.rest();
   // the block's softmax step for each row, without branches: keys outside [lo, hi) weigh 0; the
   // rows' corrections exp(m - m') in one vector (m = -inf gives 0), applied to o as the value
@@ -190,6 +305,15 @@ void rows_block(const AttendArgs& a, const QueryQ8* qq, int r0, int64_t j0, int6
   pf.rest();
 }
 
+// rows_block_q8 for the min(R, rows - r0) rows from r0
+template <int R>
+void rows_pass_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
+  if constexpr (R > 1) {
+    if (a.rows - r0 < R) return rows_pass_q8<R - 1>(a, qq, r0, j0, lo, hi, s);
+  }
+  rows_block_q8<R>(a, qq, r0, j0, lo, hi, s);
+}
+
 template <KvType T>
 void attend_simd(const AttendArgs& a) {
   alignas(32) float s[kAttendMaxRows * kAttendBlock];
@@ -199,12 +323,16 @@ void attend_simd(const AttendArgs& a) {
   for (int64_t j0 = 0; j0 < a.n; j0 += kAttendBlock) {
     const int64_t lo = std::max<int64_t>(a.first - j0, 0), hi = std::min<int64_t>(a.n - j0, kAttendBlock);
     if (lo >= hi) continue;
-    for (int r0 = 0; r0 < a.rows; r0 += 4) {
-      switch (std::min(4, a.rows - r0)) {
-        case 1: rows_block<T, 1>(a, q, r0, j0, lo, hi, s); break;
-        case 2: rows_block<T, 2>(a, q, r0, j0, lo, hi, s); break;
-        case 3: rows_block<T, 3>(a, q, r0, j0, lo, hi, s); break;
-        default: rows_block<T, 4>(a, q, r0, j0, lo, hi, s); break;
+    if constexpr (T == KvType::q8_0) {
+      for (int r0 = 0; r0 < a.rows; r0 += 8) rows_pass_q8<8>(a, *q, r0, j0, lo, hi, s);
+    } else {
+      for (int r0 = 0; r0 < a.rows; r0 += 4) {
+        switch (std::min(4, a.rows - r0)) {
+          case 1: rows_block<T, 1>(a, r0, j0, lo, hi, s); break;
+          case 2: rows_block<T, 2>(a, r0, j0, lo, hi, s); break;
+          case 3: rows_block<T, 3>(a, r0, j0, lo, hi, s); break;
+          default: rows_block<T, 4>(a, r0, j0, lo, hi, s); break;
+        }
       }
     }
   }
