@@ -169,7 +169,6 @@ void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, i
   }
   pf = lead ? next_key_block_prefetch(a, j0) : PacedPrefetch();
   const int64_t j_lo = lo & ~int64_t(1);
-  alignas(32) int32_t w[16];
   alignas(32) __m256i wb[16 * R];
   alignas(32) uint16_t dh[kAttendBlock];
   float scale[8];
@@ -196,12 +195,23 @@ void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, i
     for (int r = 0; r < R; ++r) {
       const float* pr = sb + r * kAttendBlock;
       for (int i = 0; i < 4; i += 2) {
-        // packs interleaves its sources by 128-bit lane; the 64-bit permute puts the keys in order
+        // keys 8i .. 8i + 15 as int16, pairs of keys in dwords: packs interleaves its sources by
+        // 128-bit lane, so lane 0 holds pairs (0, 1, 4, 5) and lane 1 (2, 3, 6, 7) of the 8. Each
+        // pair broadcast in registers (a lane duplicated, then a dword): broadcast loads of the
+        // pairs just stored waited on the stores.
         const __m256i w16 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(pr + 8 * i), dv[i])),
                                                _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(pr + 8 * i + 8), dv[i + 1])));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(w + 4 * i), _mm256_permute4x64_epi64(w16, 0xD8));
+        const __m256i l0 = _mm256_permute2x128_si256(w16, w16, 0x00), l1 = _mm256_permute2x128_si256(w16, w16, 0x11);
+        __m256i* out = wb + 4 * i * R + r;  // pair 4 i / 2 .. of this row
+        out[0 * R] = _mm256_shuffle_epi32(l0, 0x00);
+        out[1 * R] = _mm256_shuffle_epi32(l0, 0x55);
+        out[2 * R] = _mm256_shuffle_epi32(l1, 0x00);
+        out[3 * R] = _mm256_shuffle_epi32(l1, 0x55);
+        out[4 * R] = _mm256_shuffle_epi32(l0, 0xAA);
+        out[5 * R] = _mm256_shuffle_epi32(l0, 0xFF);
+        out[6 * R] = _mm256_shuffle_epi32(l1, 0xAA);
+        out[7 * R] = _mm256_shuffle_epi32(l1, 0xFF);
       }
-      for (int i = 0; i < 16; ++i) wb[i * R + r] = _mm256_set1_epi32(w[i]);
       scale[r] = e[r] * (dmax / 32767.0f);
     }
     values_q8<R>(wb, corr, scale, j_lo, hi, v, a.v_row_stride, b, a.o + r0 * a.dv, a.dv, pf);
