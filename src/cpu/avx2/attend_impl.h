@@ -172,20 +172,14 @@ void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, i
   alignas(32) __m256i wb[16 * R];
   alignas(32) uint16_t dh[kAttendBlock];
   float scale[8];
-  // keys [lo, hi) of the block as lane masks of 4 vectors of 8
-  __m256 live[4];
-  for (int i = 0; i < 4; ++i) {
-    const __m256i j = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(8 * i));
-    live[i] = _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(int(lo)), j),
-                                                      _mm256_cmpgt_epi32(_mm256_set1_epi32(int(hi)), j)));
-  }
+  // the value rows' scales of each value block: only the rows of keys [lo, hi) are read (the
+  // cache may end before the block does; unwritten slots may hold anything), the others weigh 0
+  std::fill(dh, dh + kAttendBlock, uint16_t(0));
   for (int64_t b = 0; b < a.dv / 32; ++b) {
-    // the value rows' scales of block b, 0 outside [lo, hi) (the unwritten slots may hold anything:
-    // the mask clears a NaN's bits too)
     const uint8_t* d = v + size_t(b) * sizeof(block_q8_0);
-    for (int64_t j = 0; j < kAttendBlock; ++j) std::memcpy(dh + j, d + size_t(j) * a.v_row_stride, 2);
+    for (int64_t j = lo; j < hi; ++j) std::memcpy(dh + j, d + size_t(j) * a.v_row_stride, 2);
     __m256 dv[4];
-    for (int i = 0; i < 4; ++i) dv[i] = _mm256_and_ps(_mm256_cvtph_ps(load16(dh + 8 * i)), live[i]);
+    for (int i = 0; i < 4; ++i) dv[i] = _mm256_cvtph_ps(load16(dh + 8 * i));
     const __m256 m = _mm256_max_ps(_mm256_max_ps(dv[0], dv[1]), _mm256_max_ps(dv[2], dv[3]));
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
