@@ -98,7 +98,7 @@ void scores_block_q8(const QueryQ8View& qq, int r0, const uint8_t* blk, float* s
 // in every dword (0 outside the block's range; broadcast once for the block's 4 column tiles, where
 // a broadcast in the loop cost 20% more), value rows at v (row_stride bytes apart), j_lo even. One
 // loop with no tail: an odd last key pairs with the row after it at weight 0 (AttendArgs::v). Out
-// of line: inlined, GCC 12 spilled accumulators.
+// of line, as the AVX-512 kernel's (inlined there, GCC 12 spilled its accumulators).
 template <int R>
 __attribute__((noinline)) void values_q8(const __m256i* wb, const float* corr, const float* scale, int64_t j_lo,
                                          int64_t hi, const uint8_t* v, size_t row_stride, int64_t b, float* o,
