@@ -42,6 +42,15 @@ constexpr size_t entry_bytes() {
   return T == KvType::f32 ? 4 : 2;
 }
 
+// The largest of a block's scores sr[0 .. 32) over keys [lo, hi); the others set to -inf, so that
+// the block's weights exp(s - max) are 0 there without a branch.
+inline float live_max(float* sr, int64_t lo, int64_t hi) {
+  std::fill(sr, sr + lo, -INFINITY);
+  std::fill(sr + hi, sr + kAttendBlock, -INFINITY);
+  return hmax(_mm256_max_ps(_mm256_max_ps(_mm256_loadu_ps(sr), _mm256_loadu_ps(sr + 8)),
+                            _mm256_max_ps(_mm256_loadu_ps(sr + 16), _mm256_loadu_ps(sr + 24))));
+}
+
 // ---- q8_0 entries in integers, 8 rows a pass ----
 //
 // A GQA group of 8 rows meets each key and value once: the 8 rows' accumulators fill 8 of the 16
@@ -140,14 +149,7 @@ void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, i
   // of what o holds, the block's factor e = exp(bm - m'), and its weights exp(s - bm) (0 outside)
   alignas(32) float bm[8] = {}, m_old[8] = {}, corr[8], e[8];
   for (int r = 0; r < R; ++r) {
-    float* sr = sb + r * kAttendBlock;
-    std::fill(sr, sr + lo, -INFINITY);
-    std::fill(sr + hi, sr + kAttendBlock, -INFINITY);
-    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_loadu_ps(sr), _mm256_loadu_ps(sr + 8)),
-                              _mm256_max_ps(_mm256_loadu_ps(sr + 16), _mm256_loadu_ps(sr + 24)));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    bm[r] = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    bm[r] = live_max(sb + r * kAttendBlock, lo, hi);
     m_old[r] = a.m[r0 + r];
   }
   const __m256 bmv = _mm256_load_ps(bm), m_new = _mm256_max_ps(_mm256_load_ps(m_old), bmv);
@@ -180,10 +182,7 @@ void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, i
     for (int64_t j = lo; j < hi; ++j) std::memcpy(dh + j, d + size_t(j) * a.v_row_stride, 2);
     __m256 dv[4];
     for (int i = 0; i < 4; ++i) dv[i] = _mm256_cvtph_ps(load16(dh + 8 * i));
-    const __m256 m = _mm256_max_ps(_mm256_max_ps(dv[0], dv[1]), _mm256_max_ps(dv[2], dv[3]));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    const float dmax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const float dmax = hmax(_mm256_max_ps(_mm256_max_ps(dv[0], dv[1]), _mm256_max_ps(dv[2], dv[3])));
     const __m256 k = _mm256_set1_ps(dmax > 0 ? 32767.0f / dmax : 0.0f);
     for (int i = 0; i < 4; ++i) dv[i] = _mm256_mul_ps(dv[i], k);
     for (int r = 0; r < R; ++r) {
@@ -279,16 +278,8 @@ void rows_block(const AttendArgs& a, int r0, int64_t j0, int64_t lo, int64_t hi,
   // tiles load it
   alignas(32) float m_old[8] = {}, m_new[8] = {}, corr[8];
   for (int r = 0; r < R; ++r) {
-    float* sr = s + (r0 + r) * kAttendBlock;
-    std::fill(sr, sr + lo, -INFINITY);
-    std::fill(sr + hi, sr + kAttendBlock, -INFINITY);
-    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_loadu_ps(sr), _mm256_loadu_ps(sr + 8)),
-                              _mm256_max_ps(_mm256_loadu_ps(sr + 16), _mm256_loadu_ps(sr + 24)));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     m_old[r] = a.m[r0 + r];
-    m_new[r] = std::max(m_old[r], _mm_cvtss_f32(m4));
+    m_new[r] = std::max(m_old[r], live_max(s + (r0 + r) * kAttendBlock, lo, hi));
   }
   _mm256_store_ps(corr, exp8(_mm256_sub_ps(_mm256_load_ps(m_old), _mm256_load_ps(m_new))));
   for (int r = 0; r < R; ++r) {

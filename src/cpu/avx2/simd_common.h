@@ -109,6 +109,11 @@ inline float hsum(__m128 v) {
 inline float hsum(__m256 v) {
   return hsum(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
 }
+inline float hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
 
 // Q4_K / Q5_K: the 6-bit scales and mins of the 8 sub-blocks from the 12 packed bytes at
 // `packed`, as bytes [sc0 .. sc7, m0 .. m7] (scale_min_k4 of quant_ref.h):
