@@ -72,8 +72,10 @@ void random_weight_row(Rng& rng, GgmlType type, int64_t n, uint8_t* row) {
 }
 
 // Every quant at its largest magnitude (most negative where the format is signed) and the packed
-// sub-block scales at their largest: the widest intermediate sums a kernel can meet.
-void make_extreme(GgmlType type, int64_t n, uint8_t* row) {
+// sub-block scales at their largest: the widest intermediate sums a kernel can meet. Q6_K is
+// stored unsigned (q + 32) and kernels may multiply the stored quants: with `top` its rows take
+// the largest stored value (63) instead.
+void make_extreme(GgmlType type, int64_t n, uint8_t* row, bool top) {
   const QuantTraits& t = quant_traits(type);
   for (size_t i = 0; i < size_t(n / t.block_size); ++i) {
     uint8_t* b = row + i * t.type_size;
@@ -103,8 +105,8 @@ void make_extreme(GgmlType type, int64_t n, uint8_t* row) {
       }
       case GgmlType::q6_k: {
         auto* q = reinterpret_cast<block_q6_K*>(b);
-        std::memset(q->ql, 0x00, 128);
-        std::memset(q->qh, 0x00, 64);
+        std::memset(q->ql, top ? 0xFF : 0x00, 128);
+        std::memset(q->qh, top ? 0xFF : 0x00, 64);
         std::memset(q->scales, 0x80, 16);
         break;
       }
@@ -186,7 +188,7 @@ struct Problem {
     a.assign(a_stride * size_t(n_tok), 0xCD);
     for (int64_t r = 0; r < n_rows; ++r) {
       random_weight_row(rng, type, n, row(r));
-      if (extreme) make_extreme(type, n, row(r));
+      if (extreme) make_extreme(type, n, row(r), r % 2 == 1);
     }
     for (int64_t i = 0; i < n_tok; ++i) {
       std::vector<float> x = rng.activations(n);

@@ -84,6 +84,7 @@ inline void load_transposed(const uint8_t* const rows[kRows], size_t offset, __m
 struct RowTile {
   const uint8_t* rows[kRows];
   __m256i mask;  // all ones in the lanes of real rows
+  bool full;     // all 8 rows real
 };
 inline RowTile row_tile(const void* w, size_t w_stride, int64_t r0, int64_t n_rows) {
   RowTile t;
@@ -91,13 +92,19 @@ inline RowTile row_tile(const void* w, size_t w_stride, int64_t r0, int64_t n_ro
   for (int i = 0; i < kRows; ++i)
     t.rows[i] = static_cast<const uint8_t*>(w) + size_t(r0 + std::min<int64_t>(i, count - 1)) * w_stride;
   t.mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(count)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  t.full = count == kRows;
   return t;
 }
 
-// y[lanes] = v * scale, or += after the first super-block.
-inline void update_rows(float* y, __m256i mask, __m256 v, __m256 scale, bool first) {
-  const __m256 r = first ? _mm256_mul_ps(v, scale) : _mm256_fmadd_ps(v, scale, _mm256_maskload_ps(y, mask));
-  _mm256_maskstore_ps(y, mask, r);
+// y[lanes] = v * scale, or += after the first super-block. Masked only in a tile of fewer than 8
+// rows: vmaskmovps stores are slow on AMD cores.
+inline void update_rows(float* y, const RowTile& rt, __m256 v, __m256 scale, bool first) {
+  if (rt.full) {
+    _mm256_storeu_ps(y, first ? _mm256_mul_ps(v, scale) : _mm256_fmadd_ps(v, scale, _mm256_loadu_ps(y)));
+    return;
+  }
+  const __m256 r = first ? _mm256_mul_ps(v, scale) : _mm256_fmadd_ps(v, scale, _mm256_maskload_ps(y, rt.mask));
+  _mm256_maskstore_ps(y, rt.mask, r);
 }
 
 inline __m256i load_ints(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
@@ -167,18 +174,27 @@ void bsum_pairs(const uint8_t* a, size_t a_stride, int64_t n_tok, int64_t nsb, s
 
 template <int T>
 void q4K_tokens(const TileQ4K& tile, const uint8_t* a, size_t a_stride, const int32_t* pairs, size_t pairs_stride,
-                float* y, int64_t ldy, __m256i mask, bool first) {
+                float* y, int64_t ldy, const RowTile& rt, bool first) {
   const uint8_t* at[T];
   for (int t = 0; t < T; ++t) at[t] = a + size_t(t) * a_stride;
   __m256i sumi[T];
   for (int t = 0; t < T; ++t) sumi[t] = _mm256_setzero_si256();
   for (int s = 0; s < 8; ++s) {
-    const __m256i sc = tile.sc[s];
-    for (int g = 0; g < 8; ++g) {
+    // the sub-block's 8 groups summed in int16 (16 products a lane, |sum| <= 16 * 15 * 128 =
+    // 30720), then one vpmaddwd with the scale
+    __m256i part[T];
+    for (int t = 0; t < T; ++t) part[t] = _mm256_maddubs_epi16(tile.q[8 * s], bcast4(at[t] + kQ8KQs + 32 * s));
+    for (int g = 1; g < 8; ++g) {
       const __m256i w = tile.q[8 * s + g];
       for (int t = 0; t < T; ++t) {
-        const __m256i p = _mm256_maddubs_epi16(w, bcast4(at[t] + kQ8KQs + 32 * s + 4 * g));
-        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p, sc));
+        part[t] = _mm256_add_epi16(part[t], _mm256_maddubs_epi16(w, bcast4(at[t] + kQ8KQs + 32 * s + 4 * g)));
+        if (g == 7) {
+          sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(part[t], tile.sc[s]));
+        } else {
+          // keeps the sums in the order written: GCC otherwise reorders the additions into a
+          // tree whose partial sums do not fit the 16 registers
+          __asm__("" : "+x"(part[t]));
+        }
       }
     }
   }
@@ -189,7 +205,7 @@ void q4K_tokens(const TileQ4K& tile, const uint8_t* a, size_t a_stride, const in
     const __m256 v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(sumi[t]), tile.d, _mm256_mul_ps(_mm256_cvtepi32_ps(mins), tile.dmin));
     float da;
     std::memcpy(&da, at[t] + offsetof(block_q8_K, d), 4);
-    update_rows(y + t * ldy, mask, v, _mm256_set1_ps(da), first);
+    update_rows(y + t * ldy, rt, v, _mm256_set1_ps(da), first);
   }
 }
 
@@ -207,7 +223,7 @@ void gemm_q4K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const v
       for_token_blocks(n_tok, [&](auto T, int64_t t0) {
         q4K_tokens<decltype(T)::value>(tile, ab + size_t(t0) * a_stride + size_t(sb) * sizeof(block_q8_K), a_stride,
                                        pairs.data() + size_t(t0 * nsb + sb) * 4, size_t(nsb) * 4, y + t0 * ldy + r0,
-                                       ldy, rt.mask, sb == 0);
+                                       ldy, rt, sb == 0);
       });
     }
   }
@@ -270,7 +286,7 @@ void unpack_q6K(const RowTile& rt, int64_t sb, TileQ6K& tile) {
 }
 
 template <int T>
-void q6K_tokens(const TileQ6K& tile, const uint8_t* a, size_t a_stride, float* y, int64_t ldy, __m256i mask,
+void q6K_tokens(const TileQ6K& tile, const uint8_t* a, size_t a_stride, float* y, int64_t ldy, const RowTile& rt,
                 bool first) {
   const uint8_t* at[T];
   for (int t = 0; t < T; ++t) at[t] = a + size_t(t) * a_stride;
@@ -283,18 +299,22 @@ void q6K_tokens(const TileQ6K& tile, const uint8_t* a, size_t a_stride, float* y
   }
   for (int s = 0; s < 16; ++s) {
     const __m256i sc = tile.sc[s];
-    for (int g = 0; g < 4; ++g) {
-      const __m256i w = tile.q[4 * s + g];
+    // two groups summed in int16 (4 products a lane, |sum| <= 4 * 63 * 128 = 32256), then one
+    // vpmaddwd with the scale
+    for (int g = 0; g < 4; g += 2) {
+      const __m256i w0 = tile.q[4 * s + g], w1 = tile.q[4 * s + g + 1];
       for (int t = 0; t < T; ++t) {
-        const __m256i p = _mm256_maddubs_epi16(w, bcast4(at[t] + kQ8KQs + 16 * s + 4 * g));
+        const uint8_t* x = at[t] + kQ8KQs + 16 * s + 4 * g;
+        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, bcast4(x)), _mm256_maddubs_epi16(w1, bcast4(x + 4)));
         sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p, sc));
+        __asm__("" : "+x"(sumi[t]));  // as in q4K_tokens: the order written, in registers
       }
     }
   }
   for (int t = 0; t < T; ++t) {
     float da;
     std::memcpy(&da, at[t] + offsetof(block_q8_K, d), 4);
-    update_rows(y + t * ldy, mask, _mm256_mul_ps(_mm256_cvtepi32_ps(sumi[t]), tile.d), _mm256_set1_ps(da), first);
+    update_rows(y + t * ldy, rt, _mm256_mul_ps(_mm256_cvtepi32_ps(sumi[t]), tile.d), _mm256_set1_ps(da), first);
   }
 }
 
@@ -309,7 +329,7 @@ void gemm_q6K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const v
       unpack_q6K(rt, sb, tile);
       for_token_blocks(n_tok, [&](auto T, int64_t t0) {
         q6K_tokens<decltype(T)::value>(tile, ab + size_t(t0) * a_stride + size_t(sb) * sizeof(block_q8_K), a_stride,
-                                       y + t0 * ldy + r0, ldy, rt.mask, sb == 0);
+                                       y + t0 * ldy + r0, ldy, rt, sb == 0);
       });
     }
   }
