@@ -107,6 +107,14 @@ inline void update_rows(float* y, const RowTile& rt, __m256 v, __m256 scale, boo
   _mm256_maskstore_ps(y, rt.mask, r);
 }
 
+// v, through an empty asm GCC must assume changes it: keeps a chain of integer additions in the
+// order written (reassociated into a tree, its partial sums do not fit the 16 registers and
+// spill). By value: an array element named in an asm operand is kept in memory.
+inline __m256i opaque(__m256i v) {
+  __asm__("" : "+x"(v));
+  return v;
+}
+
 inline __m256i load_ints(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 inline __m256 load_halves(const uint16_t* p) { return _mm256_cvtph_ps(load16(p)); }
 
@@ -188,13 +196,10 @@ void q4K_tokens(const TileQ4K& tile, const uint8_t* a, size_t a_stride, const in
       const __m256i w = tile.q[8 * s + g];
       for (int t = 0; t < T; ++t) {
         part[t] = _mm256_add_epi16(part[t], _mm256_maddubs_epi16(w, bcast4(at[t] + kQ8KQs + 32 * s + 4 * g)));
-        if (g == 7) {
+        if (g == 7)
           sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(part[t], tile.sc[s]));
-        } else {
-          // keeps the sums in the order written: GCC otherwise reorders the additions into a
-          // tree whose partial sums do not fit the 16 registers
-          __asm__("" : "+x"(part[t]));
-        }
+        else
+          part[t] = opaque(part[t]);
       }
     }
   }
@@ -306,8 +311,7 @@ void q6K_tokens(const TileQ6K& tile, const uint8_t* a, size_t a_stride, float* y
       for (int t = 0; t < T; ++t) {
         const uint8_t* x = at[t] + kQ8KQs + 16 * s + 4 * g;
         const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, bcast4(x)), _mm256_maddubs_epi16(w1, bcast4(x + 4)));
-        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p, sc));
-        __asm__("" : "+x"(sumi[t]));  // as in q4K_tokens: the order written, in registers
+        sumi[t] = opaque(_mm256_add_epi32(sumi[t], _mm256_madd_epi16(p, sc)));
       }
     }
   }
