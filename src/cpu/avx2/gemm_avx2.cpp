@@ -96,6 +96,16 @@ inline RowTile row_tile(const void* w, size_t w_stride, int64_t r0, int64_t n_ro
   return t;
 }
 
+// Asks for the blocks at `offset` (bytes long) of the 8 rows of rt: the next super-block's, one
+// super-block ahead of the kernel, whose weights come from DRAM once a prefill layer.
+inline void prefetch_blocks(const RowTile& rt, size_t offset, size_t bytes) {
+  for (int i = 0; i < kRows; ++i) {
+    const char* p = reinterpret_cast<const char*>(rt.rows[i] + offset);
+    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+    _mm_prefetch(p + bytes - 1, _MM_HINT_T0);
+  }
+}
+
 // y[lanes] = v * scale, or += after the first super-block. Masked only in a tile of fewer than 8
 // rows: vmaskmovps stores are slow on AMD cores.
 inline void update_rows(float* y, const RowTile& rt, __m256 v, __m256 scale, bool first) {
@@ -224,6 +234,8 @@ void gemm_q4K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const v
   for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
     const RowTile rt = row_tile(w, w_stride, r0, n_rows);
     for (int64_t sb = 0; sb < nsb; ++sb) {
+      if (sb + 1 < nsb) prefetch_blocks(rt, size_t(sb + 1) * sizeof(block_q4_K), sizeof(block_q4_K));
+      else if (r0 + kRows < n_rows) prefetch_blocks(row_tile(w, w_stride, r0 + kRows, n_rows), 0, sizeof(block_q4_K));
       unpack_q4K(rt, sb, tile);
       for_token_blocks(n_tok, [&](auto T, int64_t t0) {
         q4K_tokens<decltype(T)::value>(tile, ab + size_t(t0) * a_stride + size_t(sb) * sizeof(block_q8_K), a_stride,
@@ -330,6 +342,8 @@ void gemm_q6K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const v
   for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
     const RowTile rt = row_tile(w, w_stride, r0, n_rows);
     for (int64_t sb = 0; sb < nsb; ++sb) {
+      if (sb + 1 < nsb) prefetch_blocks(rt, size_t(sb + 1) * sizeof(block_q6_K), sizeof(block_q6_K));
+      else if (r0 + kRows < n_rows) prefetch_blocks(row_tile(w, w_stride, r0 + kRows, n_rows), 0, sizeof(block_q6_K));
       unpack_q6K(rt, sb, tile);
       for_token_blocks(n_tok, [&](auto T, int64_t t0) {
         q6K_tokens<decltype(T)::value>(tile, ab + size_t(t0) * a_stride + size_t(sb) * sizeof(block_q8_K), a_stride,
