@@ -1,19 +1,23 @@
-// AVX2 + FMA + F16C tile kernels (kernels.h GemmFn): Q4_K and Q6_K against Q8_K activations.
-// Other types fall back to KernelTable::gemm_tile's loop over the AVX2 vec_dot.
+// AVX2 + FMA + F16C tile kernels (kernels.h GemmFn): Q4_K, Q5_K and Q6_K against Q8_K
+// activations. Other types fall back to KernelTable::gemm_tile's loop over the AVX2 vec_dot.
 //
 // Scheme (as in ../avx512/gemm_avx512.cpp, at half the width and without VNNI). The weight rows
 // are taken 8 at a time (one int32 lane each). For each super-block the 8 rows' quants are
 // unpacked once into scratch as unsigned bytes, interleaved: register g holds, in lane r, the four
 // consecutive quants 4g .. 4g + 3 of row r (an 8 x 8 dword transpose, then the nibble / bit
 // unpacking). For each token, vpmaddubsw of that register with the broadcast activations
-// a[4g .. 4g + 4) gives two int16 pair sums per row, and vpmaddwd with the sub-block scale
-// (as an int16 pair (sc, sc)) sums them into int32, weighted: three instructions per four
-// elements of 8 rows, no per-sub-block multiply. Four tokens are held in registers.
+// a[4g .. 4g + 4) gives two int16 pair sums per row; the pair sums of several groups of one
+// sub-block are added in int16 (vpaddw, as many as cannot overflow: 8 for Q4_K, 4 for Q5_K, 2 for
+// Q6_K) and vpmaddwd with the sub-block scale (as an int16 pair (sc, sc)) sums them into int32,
+// weighted. Q4_K: 8 vpmaddubsw and 1 vpmaddwd per sub-block, token and 8 rows, where one
+// vpmaddwd per vpmaddubsw made the multiplier ports the limit. Four tokens are held in registers.
+// The next super-block's weights are prefetched while the tokens run.
 //
 // Math. The integer sums are the reference's exactly (vpmaddubsw cannot saturate: a pair is at
-// most 2 * 63 * 128 = 16128); the float part differs by rounding order only:
-//  - Q4_K: y += da * (d * isum - dmin * imins), the min term sum_s m_s (bsums_2s + bsums_2s+1)
-//    by vpmaddwd on the pair sums;
+// most 2 * 63 * 128 = 16128; the int16 sums' bounds are at q45K_tokens and q6K_tokens); the
+// float part differs by rounding order only:
+//  - Q4_K / Q5_K: y += da * (d * isum - dmin * imins), the min term sum_s m_s (bsums_2s +
+//    bsums_2s+1) by vpmaddwd on the pair sums;
 //  - Q6_K: the quants enter as stored (q + 32, unsigned) and -32 * sum_s sc_s bsums_s is added by
 //    vpmaddwd on the Q8_K bsums; y += da * (d * isum).
 //
@@ -117,45 +121,62 @@ inline void update_rows(float* y, const RowTile& rt, __m256 v, __m256 scale, boo
   _mm256_maskstore_ps(y, rt.mask, r);
 }
 
-// v, through an empty asm GCC must assume changes it: keeps a chain of integer additions in the
-// order written (reassociated into a tree, its partial sums do not fit the 16 registers and
-// spill). By value: an array element named in an asm operand is kept in memory.
-inline __m256i opaque(__m256i v) {
-  __asm__("" : "+x"(v));
-  return v;
-}
-
 inline __m256i load_ints(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 inline __m256 load_halves(const uint16_t* p) { return _mm256_cvtph_ps(load16(p)); }
 
 constexpr size_t kQ8KQs = offsetof(block_q8_K, qs);
 constexpr size_t kQ8KBsums = offsetof(block_q8_K, bsums);
 
-// ---- Q4_K ----
+// ---- Q4_K / Q5_K ----
+//
+// Q5_K is Q4_K with a fifth bit per quant (qh, a bit plane per 32 elements: element 64h + l has
+// bit 2h of qh[l], element 64h + 32 + l bit 2h + 1), added to the nibble at unpacking; same scales,
+// mins and formula, quants 0 .. 31.
 
-struct TileQ4K {
+struct TileQ45K {
   __m256i q[64];    // group g: lane r = u8 quants 4g .. 4g + 3 of row r
   __m256i sc[8];    // int16 pairs (sc, sc) per row
   __m256i mins[4];  // int16 pairs per row: (m0, m2), (m1, m3), (m4, m6), (m5, m7)
   __m256 d, dmin;
 };
 
-void unpack_q4K(const RowTile& rt, int64_t sb, TileQ4K& tile) {
-  const size_t base = size_t(sb) * sizeof(block_q4_K);
+// Bit k of every byte of v moved to bit 4 (the rest 0): a quant's fifth bit.
+template <int k>
+inline __m256i bit_to_16(__m256i v) {
+  const __m256i m16 = _mm256_set1_epi8(0x10);
+  if constexpr (k <= 4) return _mm256_and_si256(_mm256_slli_epi32(v, 4 - k), m16);
+  else return _mm256_and_si256(_mm256_srli_epi32(v, k - 4), m16);
+}
+
+template <class Block>
+void unpack_q45K(const RowTile& rt, int64_t sb, TileQ45K& tile) {
+  constexpr bool kQ5 = std::is_same_v<Block, block_q5_K>;
+  const size_t base = size_t(sb) * sizeof(Block);
   const __m256i m4 = _mm256_set1_epi8(0x0F);
-  for (int h = 0; h < 4; ++h) {
+  __m256i qh[8];
+  if constexpr (kQ5) load_transposed(rt.rows, base + offsetof(Block, qh), qh);
+  auto high = [&]<int h>(std::integral_constant<int, h>) {
     __m256i r[8];
-    load_transposed(rt.rows, base + offsetof(block_q4_K, qs) + 32 * size_t(h), r);
+    load_transposed(rt.rows, base + offsetof(Block, qs) + 32 * size_t(h), r);
     // qs byte 32h + 4j + i: low nibble element 64h + 4j + i (group 16h + j), high nibble 32 on
     for (int j = 0; j < 8; ++j) {
-      tile.q[16 * h + j] = _mm256_and_si256(r[j], m4);
-      tile.q[16 * h + 8 + j] = _mm256_and_si256(_mm256_srli_epi32(r[j], 4), m4);
+      __m256i lo = _mm256_and_si256(r[j], m4), hi = _mm256_and_si256(_mm256_srli_epi32(r[j], 4), m4);
+      if constexpr (kQ5) {
+        lo = _mm256_or_si256(lo, bit_to_16<2 * h>(qh[j]));
+        hi = _mm256_or_si256(hi, bit_to_16<2 * h + 1>(qh[j]));
+      }
+      tile.q[16 * h + j] = lo;
+      tile.q[16 * h + 8 + j] = hi;
     }
-  }
+  };
+  high(std::integral_constant<int, 0>{});
+  high(std::integral_constant<int, 1>{});
+  high(std::integral_constant<int, 2>{});
+  high(std::integral_constant<int, 3>{});
   alignas(32) uint8_t sm[kRows][16];  // per row [sc0 .. sc7, m0 .. m7]
   alignas(32) uint16_t d[kRows], dmin[kRows];
   for (int i = 0; i < kRows; ++i) {
-    const auto* b = reinterpret_cast<const block_q4_K*>(rt.rows[i] + base);
+    const auto* b = reinterpret_cast<const Block*>(rt.rows[i] + base);
     _mm_store_si128(reinterpret_cast<__m128i*>(sm[i]), unpack_scales_mins_k4(b->scales));
     d[i] = b->d;
     dmin[i] = b->dmin;
@@ -175,7 +196,7 @@ void unpack_q4K(const RowTile& rt, int64_t sb, TileQ4K& tile) {
 }
 
 // Per token and super-block the Q8_K pair sums p_s = bsums[2s] + bsums[2s + 1] as the int16
-// pairs of TileQ4K::mins: (p0, p2), (p1, p3), (p4, p6), (p5, p7). |p_s| <= 32 * 128.
+// pairs of TileQ45K::mins: (p0, p2), (p1, p3), (p4, p6), (p5, p7). |p_s| <= 32 * 128.
 void bsum_pairs(const uint8_t* a, size_t a_stride, int64_t n_tok, int64_t nsb, std::vector<int32_t>& out) {
   out.resize(size_t(n_tok * nsb) * 4);
   int32_t* o = out.data();
@@ -190,26 +211,32 @@ void bsum_pairs(const uint8_t* a, size_t a_stride, int64_t n_tok, int64_t nsb, s
   }
 }
 
-template <int T>
-void q4K_tokens(const TileQ4K& tile, const uint8_t* a, size_t a_stride, const int32_t* pairs, size_t pairs_stride,
-                float* y, int64_t ldy, const RowTile& rt, bool first) {
+// The sub-block's groups summed in int16, G at a time, then one vpmaddwd with the scale: G
+// groups are 2 G products a lane, at most 2 G * qmax * 128 (Q4_K: G = 8, 16 * 15 * 128 = 30720;
+// Q5_K: G = 4, 8 * 31 * 128 = 31744).
+template <int T, int G>
+void q45K_tokens(const TileQ45K& tile, const uint8_t* a, size_t a_stride, const int32_t* pairs, size_t pairs_stride,
+                 float* y, int64_t ldy, const RowTile& rt, bool first) {
+  static_assert(G == 4 || G == 8);
   const uint8_t* at[T];
   for (int t = 0; t < T; ++t) at[t] = a + size_t(t) * a_stride;
   __m256i sumi[T];
   for (int t = 0; t < T; ++t) sumi[t] = _mm256_setzero_si256();
   for (int s = 0; s < 8; ++s) {
-    // the sub-block's 8 groups summed in int16 (16 products a lane, |sum| <= 16 * 15 * 128 =
-    // 30720), then one vpmaddwd with the scale
-    __m256i part[T];
-    for (int t = 0; t < T; ++t) part[t] = _mm256_maddubs_epi16(tile.q[8 * s], bcast4(at[t] + kQ8KQs + 32 * s));
-    for (int g = 1; g < 8; ++g) {
-      const __m256i w = tile.q[8 * s + g];
-      for (int t = 0; t < T; ++t) {
-        part[t] = _mm256_add_epi16(part[t], _mm256_maddubs_epi16(w, bcast4(at[t] + kQ8KQs + 32 * s + 4 * g)));
-        if (g == 7)
-          sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(part[t], tile.sc[s]));
-        else
-          part[t] = opaque(part[t]);
+    for (int g0 = 0; g0 < 8; g0 += G) {
+      __m256i part[T];
+      for (int t = 0; t < T; ++t)
+        part[t] = _mm256_maddubs_epi16(tile.q[8 * s + g0], bcast4(at[t] + kQ8KQs + 32 * s + 4 * g0));
+      for (int g = g0 + 1; g < g0 + G; ++g) {
+        const __m256i w = tile.q[8 * s + g];
+        for (int t = 0; t < T; ++t) {
+          part[t] = _mm256_add_epi16(part[t], _mm256_maddubs_epi16(w, bcast4(at[t] + kQ8KQs + 32 * s + 4 * g)));
+          // the last group's sum straight into vpmaddwd; the others kept in order, in registers
+          if (g == g0 + G - 1)
+            sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(part[t], tile.sc[s]));
+          else
+            part[t] = opaque(part[t]);
+        }
       }
     }
   }
@@ -224,23 +251,25 @@ void q4K_tokens(const TileQ4K& tile, const uint8_t* a, size_t a_stride, const in
   }
 }
 
-void gemm_q4K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
-              int64_t n_tok, float* y, int64_t ldy) {
+template <class Block>
+void gemm_q45K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
+               int64_t n_tok, float* y, int64_t ldy) {
+  constexpr int G = std::is_same_v<Block, block_q5_K> ? 4 : 8;
   const int64_t nsb = n / QK_K;
   const auto* ab = static_cast<const uint8_t*>(a);
   thread_local std::vector<int32_t> pairs;
   bsum_pairs(ab, a_stride, n_tok, nsb, pairs);
-  alignas(32) TileQ4K tile;
+  alignas(32) TileQ45K tile;
   for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
     const RowTile rt = row_tile(w, w_stride, r0, n_rows);
     for (int64_t sb = 0; sb < nsb; ++sb) {
-      if (sb + 1 < nsb) prefetch_blocks(rt, size_t(sb + 1) * sizeof(block_q4_K), sizeof(block_q4_K));
-      else if (r0 + kRows < n_rows) prefetch_blocks(row_tile(w, w_stride, r0 + kRows, n_rows), 0, sizeof(block_q4_K));
-      unpack_q4K(rt, sb, tile);
+      if (sb + 1 < nsb) prefetch_blocks(rt, size_t(sb + 1) * sizeof(Block), sizeof(Block));
+      else if (r0 + kRows < n_rows) prefetch_blocks(row_tile(w, w_stride, r0 + kRows, n_rows), 0, sizeof(Block));
+      unpack_q45K<Block>(rt, sb, tile);
       for_token_blocks(n_tok, [&](auto T, int64_t t0) {
-        q4K_tokens<decltype(T)::value>(tile, ab + size_t(t0) * a_stride + size_t(sb) * sizeof(block_q8_K), a_stride,
-                                       pairs.data() + size_t(t0 * nsb + sb) * 4, size_t(nsb) * 4, y + t0 * ldy + r0,
-                                       ldy, rt, sb == 0);
+        q45K_tokens<decltype(T)::value, G>(tile, ab + size_t(t0) * a_stride + size_t(sb) * sizeof(block_q8_K), a_stride,
+                                           pairs.data() + size_t(t0 * nsb + sb) * 4, size_t(nsb) * 4, y + t0 * ldy + r0,
+                                           ldy, rt, sb == 0);
       });
     }
   }
@@ -358,7 +387,8 @@ void gemm_q6K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const v
 namespace detail {
 
 void add_avx2_gemm(GemmFn* gemm) {
-  gemm[size_t(GgmlType::q4_k)] = gemm_q4K;
+  gemm[size_t(GgmlType::q4_k)] = gemm_q45K<block_q4_K>;
+  gemm[size_t(GgmlType::q5_k)] = gemm_q45K<block_q5_K>;
   gemm[size_t(GgmlType::q6_k)] = gemm_q6K;
 }
 

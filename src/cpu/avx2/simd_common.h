@@ -24,6 +24,16 @@ namespace {
 
 inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
 
+// v, through an empty asm GCC must assume changes it, in a register. Keeps a chain of integer
+// additions in the order written (GCC reassociates it into a tree whose partial sums do not fit
+// the 16 registers, and spills them), and a vector used several times loaded once (GCC folds
+// the load into each use as a memory operand). By value: an array element named in an asm
+// operand is kept in memory.
+inline __m256i opaque(__m256i v) {
+  __asm__("" : "+x"(v));
+  return v;
+}
+
 // 2^(e - 128): half the E8M0 value (as e8m0_to_f32_half in quant_blocks.h).
 inline float e8m0_half(uint8_t e) {
   const uint32_t bits = e < 2 ? (0x00200000u << e) : (uint32_t(e - 1) << 23);
