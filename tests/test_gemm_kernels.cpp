@@ -72,24 +72,25 @@ void random_weight_row(Rng& rng, GgmlType type, int64_t n, uint8_t* row) {
 }
 
 // Every quant at its largest magnitude (most negative where the format is signed) and the packed
-// sub-block scales at their largest: the widest intermediate sums a kernel can meet. Q6_K is
-// stored unsigned (q + 32) and kernels may multiply the stored quants: with `top` its rows take
-// the largest stored value (63) instead.
+// sub-block scales at their largest: the widest intermediate sums a kernel can meet. Kernels may
+// also multiply stored quants offset to unsigned (Q6_K's q + 32, Q4_0's, a table's index): with
+// `top` the quants take the largest value instead.
 void make_extreme(GgmlType type, int64_t n, uint8_t* row, bool top) {
   const QuantTraits& t = quant_traits(type);
   for (size_t i = 0; i < size_t(n / t.block_size); ++i) {
     uint8_t* b = row + i * t.type_size;
     switch (type) {
-      case GgmlType::q4_0: std::memset(reinterpret_cast<block_q4_0*>(b)->qs, 0x00, 16); break;
+      case GgmlType::q4_0: std::memset(reinterpret_cast<block_q4_0*>(b)->qs, top ? 0xFF : 0x00, 16); break;
       case GgmlType::q5_0: {
         auto* q = reinterpret_cast<block_q5_0*>(b);
         std::memset(q->qs, 0x00, 16);
         std::memset(q->qh, 0x00, 4);
         break;
       }
-      case GgmlType::q8_0: std::memset(reinterpret_cast<block_q8_0*>(b)->qs, 0x80, 32); break;
-      case GgmlType::iq4_nl: std::memset(reinterpret_cast<block_iq4_nl*>(b)->qs, 0x00, 16); break;
-      case GgmlType::mxfp4: std::memset(reinterpret_cast<block_mxfp4*>(b)->qs, 0xFF, 16); break;
+      case GgmlType::q8_0: std::memset(reinterpret_cast<block_q8_0*>(b)->qs, top ? 0x7F : 0x80, 32); break;
+      case GgmlType::iq4_nl: std::memset(reinterpret_cast<block_iq4_nl*>(b)->qs, top ? 0xFF : 0x00, 16); break;
+      // index 15 is -6 (doubled: -12), 7 is +6
+      case GgmlType::mxfp4: std::memset(reinterpret_cast<block_mxfp4*>(b)->qs, top ? 0x77 : 0xFF, 16); break;
       case GgmlType::q4_k: {
         auto* q = reinterpret_cast<block_q4_K*>(b);
         std::memset(q->scales, 0xFF, 12);

@@ -1,5 +1,6 @@
 // AVX2 + FMA + F16C tile kernels (kernels.h GemmFn): Q4_K, Q5_K and Q6_K against Q8_K
-// activations. Other types fall back to KernelTable::gemm_tile's loop over the AVX2 vec_dot.
+// activations, and Q8_0, Q4_0, IQ4_NL and MXFP4 against Q8_0 (the 32-element formats, further
+// down). The float types fall back to KernelTable::gemm_tile's loop over the AVX2 vec_dot.
 //
 // Scheme (as in ../avx512/gemm_avx512.cpp, at half the width and without VNNI). The weight rows
 // are taken 8 at a time (one int32 lane each). For each super-block the 8 rows' quants are
@@ -382,6 +383,194 @@ void gemm_q6K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const v
   }
 }
 
+// ---- 32-element formats against Q8_0 activations: Q8_0, Q4_0, IQ4_NL, MXFP4 ----
+//
+// Each block has its own scale, so the integer sum of a block (8 groups of 4 quants, 8 rows)
+// becomes a float per block and token. A panel of up to kPanelBlocks blocks of the 8 rows is
+// unpacked once into scratch (group j of block b: lane r = the values of quants 4j .. 4j + 3 of
+// row r, the rows' scales as floats); each block of 4 tokens then runs over the panel with float
+// accumulators and adds into y once. Two ways into vpmaddubsw (u8 x s8), by the values' range:
+//  - offset (Q4_0: value + 8, 0 .. 15; MXFP4: doubled E2M1 + 12, 0 .. 24): unsigned, the pair
+//    sums of G groups added in int16 (Q4_0 8: 16 * 15 * 127 = 30480; MXFP4 4: 8 * 24 * 127 =
+//    24384), one vpmaddwd; the offset taken off as offset * the block's activation sum;
+//  - signed (Q8_0, IQ4_NL: to -128 / -127): |w| against the activations signed as w, one
+//    vpmaddwd per group (a pair is at most 2 * 128 * 127 = 32512: Q8_0 activations are within
+//    +-127, as ggml's quantizer makes them).
+// The integer sums are the reference's; the float part differs by rounding order only.
+
+constexpr int kPanelBlocks = 64;  // 2048 elements: 16 KB of quants in L1
+
+struct Panel32 {
+  __m256i q[kPanelBlocks * 8];
+  __m256 d[kPanelBlocks];
+};
+
+// The 16 bytes at rows[i] + offset of each row, transposed: r[j] lane i = dword j of row i.
+inline void load_transposed_16(const uint8_t* const rows[kRows], size_t offset, __m256i r[4]) {
+  __m256i x[4], t[4];
+  for (int i = 0; i < 4; ++i) x[i] = _mm256_set_m128i(load16(rows[i + 4] + offset), load16(rows[i] + offset));
+  t[0] = _mm256_unpacklo_epi32(x[0], x[1]);  // rows 0, 1 (4, 5): dwords 0, 1
+  t[1] = _mm256_unpackhi_epi32(x[0], x[1]);  // dwords 2, 3
+  t[2] = _mm256_unpacklo_epi32(x[2], x[3]);
+  t[3] = _mm256_unpackhi_epi32(x[2], x[3]);
+  r[0] = _mm256_unpacklo_epi64(t[0], t[2]);
+  r[1] = _mm256_unpackhi_epi64(t[0], t[2]);
+  r[2] = _mm256_unpacklo_epi64(t[1], t[3]);
+  r[3] = _mm256_unpackhi_epi64(t[1], t[3]);
+}
+
+// The f16 scale at the start of each row's block at `offset`.
+inline __m256 half_scales(const RowTile& rt, size_t offset) {
+  alignas(32) uint16_t d[kRows];
+  for (int i = 0; i < kRows; ++i) std::memcpy(&d[i], rt.rows[i] + offset, 2);
+  return load_halves(d);
+}
+
+// Nibble formats: element j of a block in the low nibble of qs[j], j + 16 in the high nibble;
+// each nibble mapped through table (16 bytes: its value, or value + offset).
+template <class Block>
+void unpack_nibbles(const RowTile& rt, int64_t b, const int8_t* table, __m256i q[8]) {
+  const __m256i lut = _mm256_broadcastsi128_si256(load16(table)), m4 = _mm256_set1_epi8(0x0F);
+  __m256i r[4];
+  load_transposed_16(rt.rows, size_t(b) * sizeof(Block) + offsetof(Block, qs), r);
+  for (int j = 0; j < 4; ++j) {
+    q[j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(r[j], m4));
+    q[4 + j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi32(r[j], 4), m4));
+  }
+}
+
+struct Q8_0Fmt {
+  static constexpr bool kSigned = true;
+  static constexpr int kOffset = 0, kGroups = 1;
+  static constexpr size_t kBlock = sizeof(block_q8_0);
+  static void unpack(const RowTile& rt, int64_t b, __m256i q[8], __m256& d) {
+    load_transposed(rt.rows, size_t(b) * kBlock + offsetof(block_q8_0, qs), q);
+    d = half_scales(rt, size_t(b) * kBlock);
+  }
+};
+inline constexpr int8_t kQ4_0Values[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};  // value + 8
+struct Q4_0Fmt {
+  static constexpr bool kSigned = false;
+  static constexpr int kOffset = 8, kGroups = 8;
+  static constexpr size_t kBlock = sizeof(block_q4_0);
+  static void unpack(const RowTile& rt, int64_t b, __m256i q[8], __m256& d) {
+    unpack_nibbles<block_q4_0>(rt, b, kQ4_0Values, q);
+    d = half_scales(rt, size_t(b) * kBlock);
+  }
+};
+struct Iq4NlFmt {
+  static constexpr bool kSigned = true;
+  static constexpr int kOffset = 0, kGroups = 1;
+  static constexpr size_t kBlock = sizeof(block_iq4_nl);
+  static void unpack(const RowTile& rt, int64_t b, __m256i q[8], __m256& d) {
+    unpack_nibbles<block_iq4_nl>(rt, b, kvalues_iq4nl, q);
+    d = half_scales(rt, size_t(b) * kBlock);
+  }
+};
+inline constexpr int8_t kMxfp4Offset[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};  // + 12
+struct Mxfp4Fmt {
+  static constexpr bool kSigned = false;
+  static constexpr int kOffset = 12, kGroups = 4;
+  static constexpr size_t kBlock = sizeof(block_mxfp4);
+  static void unpack(const RowTile& rt, int64_t b, __m256i q[8], __m256& d) {
+    unpack_nibbles<block_mxfp4>(rt, b, kMxfp4Offset, q);
+    alignas(32) float e[kRows];
+    for (int i = 0; i < kRows; ++i) e[i] = e8m0_half(rt.rows[i][size_t(b) * kBlock + offsetof(block_mxfp4, e)]);
+    d = _mm256_load_ps(e);
+  }
+};
+
+// Per token and block of the Q8_0 activations, the sum of its 32 quants (offset formats).
+void block_sums(const uint8_t* a, size_t a_stride, int64_t n_tok, int64_t nb, std::vector<int32_t>& out) {
+  out.resize(size_t(n_tok * nb));
+  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const auto* blocks = reinterpret_cast<const block_q8_0*>(a + size_t(t) * a_stride);
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, load32(blocks[b].qs)), ones16);
+      const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+      const __m128i q = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+      out[size_t(t * nb + b)] = _mm_cvtsi128_si32(_mm_add_epi32(q, _mm_shuffle_epi32(q, 0xB1)));
+    }
+  }
+}
+
+// Tokens t0 .. t0 + T against the panel's nblk blocks: a at the panel's first block of token t0,
+// sums (offset formats) at its first block's sum.
+template <class F, int T>
+void tokens_32(const Panel32& p, int nblk, const uint8_t* a, size_t a_stride, const int32_t* sums, size_t sums_stride,
+               float* y, int64_t ldy, const RowTile& rt, bool first) {
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  const uint8_t* at[T];
+  for (int t = 0; t < T; ++t) at[t] = a + size_t(t) * a_stride;
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  for (int b = 0; b < nblk; ++b) {
+    const __m256i* q = p.q + 8 * b;
+    const size_t ab = size_t(b) * sizeof(block_q8_0);
+    __m256i isum[T];
+    for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
+    if constexpr (F::kSigned) {
+      for (int g = 0; g < 8; ++g) {
+        const __m256i w = q[g], wa = _mm256_abs_epi8(w);
+        for (int t = 0; t < T; ++t) {
+          const __m256i x = _mm256_sign_epi8(bcast4(at[t] + ab + offsetof(block_q8_0, qs) + 4 * g), w);
+          const __m256i v = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, x), ones16);
+          isum[t] = _mm256_add_epi32(isum[t], v);
+          if (g < 7) isum[t] = opaque(isum[t]);
+        }
+      }
+    } else {
+      constexpr int G = F::kGroups;
+      for (int g0 = 0; g0 < 8; g0 += G) {
+        __m256i part[T];
+        for (int t = 0; t < T; ++t)
+          part[t] = _mm256_maddubs_epi16(q[g0], bcast4(at[t] + ab + offsetof(block_q8_0, qs) + 4 * g0));
+        for (int g = g0 + 1; g < g0 + G; ++g) {
+          for (int t = 0; t < T; ++t) {
+            part[t] = _mm256_add_epi16(part[t], _mm256_maddubs_epi16(q[g], bcast4(at[t] + ab + offsetof(block_q8_0, qs) + 4 * g)));
+            if (g < g0 + G - 1) part[t] = opaque(part[t]);
+          }
+        }
+        for (int t = 0; t < T; ++t) {
+          const __m256i v = _mm256_madd_epi16(part[t], ones16);
+          isum[t] = _mm256_add_epi32(isum[t], v);
+        }
+      }
+      for (int t = 0; t < T; ++t)
+        isum[t] = _mm256_sub_epi32(isum[t], _mm256_set1_epi32(F::kOffset * sums[size_t(t) * sums_stride + size_t(b)]));
+    }
+    for (int t = 0; t < T; ++t) {
+      uint16_t da;
+      std::memcpy(&da, at[t] + ab, 2);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(p.d[b], _mm256_set1_ps(half_to_float(da))), acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) update_rows(y + t * ldy, rt, acc[t], _mm256_set1_ps(1.0f), first);
+}
+
+template <class F>
+void gemm_32(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
+             int64_t n_tok, float* y, int64_t ldy) {
+  const int64_t nb = n / 32;
+  const auto* ab = static_cast<const uint8_t*>(a);
+  thread_local std::vector<int32_t> sums;
+  if constexpr (!F::kSigned) block_sums(ab, a_stride, n_tok, nb, sums);
+  thread_local Panel32 panel;
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
+    const RowTile rt = row_tile(w, w_stride, r0, n_rows);
+    for (int64_t b0 = 0; b0 < nb; b0 += kPanelBlocks) {
+      const int nblk = int(std::min<int64_t>(kPanelBlocks, nb - b0));
+      for (int b = 0; b < nblk; ++b) F::unpack(rt, b0 + b, panel.q + 8 * b, panel.d[b]);
+      for_token_blocks(n_tok, [&](auto T, int64_t t0) {
+        tokens_32<F, decltype(T)::value>(panel, nblk, ab + size_t(t0) * a_stride + size_t(b0) * sizeof(block_q8_0),
+                                         a_stride, F::kSigned ? nullptr : sums.data() + size_t(t0 * nb + b0), size_t(nb),
+                                         y + t0 * ldy + r0, ldy, rt, b0 == 0);
+      });
+    }
+  }
+}
+
 }  // namespace
 
 namespace detail {
@@ -390,6 +579,10 @@ void add_avx2_gemm(GemmFn* gemm) {
   gemm[size_t(GgmlType::q4_k)] = gemm_q45K<block_q4_K>;
   gemm[size_t(GgmlType::q5_k)] = gemm_q45K<block_q5_K>;
   gemm[size_t(GgmlType::q6_k)] = gemm_q6K;
+  gemm[size_t(GgmlType::q8_0)] = gemm_32<Q8_0Fmt>;
+  gemm[size_t(GgmlType::q4_0)] = gemm_32<Q4_0Fmt>;
+  gemm[size_t(GgmlType::iq4_nl)] = gemm_32<Iq4NlFmt>;
+  gemm[size_t(GgmlType::mxfp4)] = gemm_32<Mxfp4Fmt>;
 }
 
 }  // namespace detail
