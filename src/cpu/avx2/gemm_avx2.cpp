@@ -1,6 +1,7 @@
 // AVX2 + FMA + F16C tile kernels (kernels.h GemmFn): Q4_K, Q5_K and Q6_K against Q8_K
-// activations, and Q8_0, Q4_0, IQ4_NL and MXFP4 against Q8_0 (the 32-element formats, further
-// down). The float types fall back to KernelTable::gemm_tile's loop over the AVX2 vec_dot.
+// activations, Q8_0, Q4_0, IQ4_NL and MXFP4 against Q8_0 (the 32-element formats), F32, F16 and
+// BF16 against floats (further down). Other types (Q5_0) fall back to KernelTable::gemm_tile's
+// loop over the AVX2 vec_dot.
 //
 // Scheme (as in ../avx512/gemm_avx512.cpp, at half the width and without VNNI). The weight rows
 // are taken 8 at a time (one int32 lane each). For each super-block the 8 rows' quants are
@@ -571,6 +572,119 @@ void gemm_32(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const vo
   }
 }
 
+// ---- F32, F16, BF16 against float activations ----
+//
+// A chunk of up to kFloatChunk elements of the 8 rows widened to floats and transposed into L1
+// (wt[k]: element k of the 8 rows), then per block of up to 8 tokens one FMA per element with the
+// broadcast activation: 8 accumulators cover the FMA latency.
+
+constexpr int64_t kFloatChunk = 256;  // 8 KB of widened weights
+constexpr int kFloatTok = 8;
+
+// A row's elements as floats: 8 from p, or 1.
+struct F32Row {
+  static constexpr size_t kBytes = 4;
+  static __m256 load8(const uint8_t* p) { return _mm256_loadu_ps(reinterpret_cast<const float*>(p)); }
+  static float load1(const uint8_t* p) {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+};
+struct F16Row {
+  static constexpr size_t kBytes = 2;
+  static __m256 load8(const uint8_t* p) { return _mm256_cvtph_ps(load16(p)); }
+  static float load1(const uint8_t* p) { return half_to_float(uint16_t(p[0] | p[1] << 8)); }
+};
+struct Bf16Row {
+  static constexpr size_t kBytes = 2;
+  static __m256 load8(const uint8_t* p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load16(p)), 16));
+  }
+  static float load1(const uint8_t* p) {
+    const uint32_t bits = uint32_t(p[0] | p[1] << 8) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+};
+
+// r[j] lane i = lane j of r[i] (8 x 8 floats).
+inline void transpose8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int g = 0; g < 8; g += 4) {
+    u[g + 0] = _mm256_shuffle_ps(t[g], t[g + 2], 0x44);
+    u[g + 1] = _mm256_shuffle_ps(t[g], t[g + 2], 0xEE);
+    u[g + 2] = _mm256_shuffle_ps(t[g + 1], t[g + 3], 0x44);
+    u[g + 3] = _mm256_shuffle_ps(t[g + 1], t[g + 3], 0xEE);
+  }
+  for (int m = 0; m < 4; ++m) {
+    r[m] = _mm256_permute2f128_ps(u[m], u[4 + m], 0x20);
+    r[m + 4] = _mm256_permute2f128_ps(u[m], u[4 + m], 0x31);
+  }
+}
+
+// Element k0 + k of the 8 rows as floats, k < kk, into wt[k].
+template <class W>
+void widen_rows(const RowTile& rt, int64_t k0, int64_t kk, __m256* wt) {
+  int64_t k = 0;
+  for (; k + 8 <= kk; k += 8) {
+    __m256 r[8];
+    for (int i = 0; i < kRows; ++i) r[i] = W::load8(rt.rows[i] + size_t(k0 + k) * W::kBytes);
+    transpose8(r);
+    for (int j = 0; j < 8; ++j) wt[k + j] = r[j];
+  }
+  for (; k < kk; ++k) {
+    alignas(32) float e[kRows];
+    for (int i = 0; i < kRows; ++i) e[i] = W::load1(rt.rows[i] + size_t(k0 + k) * W::kBytes);
+    wt[k] = _mm256_load_ps(e);
+  }
+}
+
+template <int T>
+void float_tokens(const __m256* wt, int64_t kk, const uint8_t* a, size_t a_stride, float* y, int64_t ldy,
+                  const RowTile& rt, bool first) {
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < kk; ++k) {
+    const __m256 wv = wt[k];
+    for (int t = 0; t < T; ++t) {
+      float x;
+      std::memcpy(&x, a + size_t(t) * a_stride + size_t(k) * sizeof(float), sizeof x);
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(x), wv, acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) update_rows(y + t * ldy, rt, acc[t], _mm256_set1_ps(1.0f), first);
+}
+
+template <class W>
+void gemm_float(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
+                int64_t n_tok, float* y, int64_t ldy) {
+  const auto* ab = static_cast<const uint8_t*>(a);
+  alignas(32) __m256 wt[kFloatChunk];
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
+    const RowTile rt = row_tile(w, w_stride, r0, n_rows);
+    for (int64_t k0 = 0; k0 < n; k0 += kFloatChunk) {
+      const int64_t kk = std::min(kFloatChunk, n - k0);
+      widen_rows<W>(rt, k0, kk, wt);
+      const uint8_t* ak = ab + size_t(k0) * sizeof(float);
+      int64_t t0 = 0;
+      auto run = [&](auto T) {
+        float_tokens<decltype(T)::value>(wt, kk, ak + size_t(t0) * a_stride, a_stride, y + t0 * ldy + r0, ldy, rt, k0 == 0);
+        t0 += decltype(T)::value;
+      };
+      while (t0 + kFloatTok <= n_tok) run(std::integral_constant<int, kFloatTok>{});
+      if (n_tok - t0 >= 4) run(std::integral_constant<int, 4>{});
+      if (n_tok - t0 >= 2) run(std::integral_constant<int, 2>{});
+      if (n_tok - t0 >= 1) run(std::integral_constant<int, 1>{});
+    }
+  }
+}
+
 }  // namespace
 
 namespace detail {
@@ -583,6 +697,9 @@ void add_avx2_gemm(GemmFn* gemm) {
   gemm[size_t(GgmlType::q4_0)] = gemm_32<Q4_0Fmt>;
   gemm[size_t(GgmlType::iq4_nl)] = gemm_32<Iq4NlFmt>;
   gemm[size_t(GgmlType::mxfp4)] = gemm_32<Mxfp4Fmt>;
+  gemm[size_t(GgmlType::f32)] = gemm_float<F32Row>;
+  gemm[size_t(GgmlType::f16)] = gemm_float<F16Row>;
+  gemm[size_t(GgmlType::bf16)] = gemm_float<Bf16Row>;
 }
 
 }  // namespace detail
