@@ -396,7 +396,8 @@ void gemm_q6K(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const v
 //    24384), one vpmaddwd; the offset taken off as offset * the block's activation sum;
 //  - signed (Q8_0, IQ4_NL: to -128 / -127): |w| against the activations signed as w, one
 //    vpmaddwd per group (a pair is at most 2 * 128 * 127 = 32512: Q8_0 activations are within
-//    +-127, as ggml's quantizer makes them).
+//    +-127, as ggml's quantizer makes them; only a block whose scale underflows to 0 can hold
+//    -128, and it adds 0 whatever its integer sum).
 // The integer sums are the reference's; the float part differs by rounding order only.
 
 constexpr int kPanelBlocks = 64;  // 2048 elements: 16 KB of quants in L1
@@ -405,6 +406,11 @@ struct Panel32 {
   __m256i q[kPanelBlocks * 8];
   __m256 d[kPanelBlocks];
 };
+// One per thread for all four formats (18 KB of thread-local storage).
+Panel32& panel_scratch() {
+  thread_local Panel32 panel;
+  return panel;
+}
 
 // The 16 bytes at rows[i] + offset of each row, transposed: r[j] lane i = dword j of row i.
 inline void load_transposed_16(const uint8_t* const rows[kRows], size_t offset, __m256i r[4]) {
@@ -428,16 +434,19 @@ inline __m256 half_scales(const RowTile& rt, size_t offset) {
 }
 
 // Nibble formats: element j of a block in the low nibble of qs[j], j + 16 in the high nibble;
-// each nibble mapped through table (16 bytes: its value, or value + offset).
+// each nibble mapped through table (16 bytes: its value, or value + offset), or kept (null).
 template <class Block>
 void unpack_nibbles(const RowTile& rt, int64_t b, const int8_t* table, __m256i q[8]) {
-  const __m256i lut = _mm256_broadcastsi128_si256(load16(table)), m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
   __m256i r[4];
   load_transposed_16(rt.rows, size_t(b) * sizeof(Block) + offsetof(Block, qs), r);
   for (int j = 0; j < 4; ++j) {
-    q[j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(r[j], m4));
-    q[4 + j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi32(r[j], 4), m4));
+    q[j] = _mm256_and_si256(r[j], m4);
+    q[4 + j] = _mm256_and_si256(_mm256_srli_epi32(r[j], 4), m4);
   }
+  if (table == nullptr) return;
+  const __m256i lut = _mm256_broadcastsi128_si256(load16(table));
+  for (int j = 0; j < 8; ++j) q[j] = _mm256_shuffle_epi8(lut, q[j]);
 }
 
 struct Q8_0Fmt {
@@ -449,13 +458,12 @@ struct Q8_0Fmt {
     d = half_scales(rt, size_t(b) * kBlock);
   }
 };
-inline constexpr int8_t kQ4_0Values[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};  // value + 8
-struct Q4_0Fmt {
+struct Q4_0Fmt {  // the nibbles are the values + 8
   static constexpr bool kSigned = false;
   static constexpr int kOffset = 8, kGroups = 8;
   static constexpr size_t kBlock = sizeof(block_q4_0);
   static void unpack(const RowTile& rt, int64_t b, __m256i q[8], __m256& d) {
-    unpack_nibbles<block_q4_0>(rt, b, kQ4_0Values, q);
+    unpack_nibbles<block_q4_0>(rt, b, nullptr, q);
     d = half_scales(rt, size_t(b) * kBlock);
   }
 };
@@ -557,7 +565,7 @@ void gemm_32(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const vo
   const auto* ab = static_cast<const uint8_t*>(a);
   thread_local std::vector<int32_t> sums;
   if constexpr (!F::kSigned) block_sums(ab, a_stride, n_tok, nb, sums);
-  thread_local Panel32 panel;
+  Panel32& panel = panel_scratch();
   for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
     const RowTile rt = row_tile(w, w_stride, r0, n_rows);
     for (int64_t b0 = 0; b0 < nb; b0 += kPanelBlocks) {
