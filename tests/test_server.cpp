@@ -314,7 +314,11 @@ TEST(Server, NgramDraftsKeepGreedyOutput) {
 
 // MTP drafts in the server: a synthetic model with a nextn layer, the scheduler alone. The
 // batched steps keep each sequence's hidden rows for its drafter; greedy output is the same with
-// drafts as without, for one sequence and for two sharing steps.
+// drafts as without, for one sequence and for two sharing steps. The prompts are fed 8 tokens a
+// step, so that every step stays within cpu::kBatchInvariantTokens and each row is computed as
+// alone whatever the batching: two 9-token prompts taken in one step (18 rows: the tile kernels,
+// whose sums run in another order) or in two, as the submissions' timing falls, could otherwise
+// make the runs differ without any draft.
 TEST(Server, MtpDraftsKeepGreedyOutput) {
   std::vector<uint8_t> bytes;
   auto loaded = test::synth_q8_model("tiny", bytes, 1);
@@ -326,7 +330,7 @@ TEST(Server, MtpDraftsKeepGreedyOutput) {
   ASSERT_TRUE(tok.ok()) << tok.error().message;
   auto run = [&](const char* drafter, int n_jobs, SchedulerMetrics* metrics) {
     Scheduler sched(engine, *tok, SchedulerOptions{.max_sequences = n_jobs, .ctx = 128, .drafter = drafter,
-                                                   .adaptive_draft = false});
+                                                   .adaptive_draft = false, .prefill_chunk = 8});
     std::vector<std::shared_ptr<Job>> jobs;
     for (int i = 0; i < n_jobs; ++i) {
       CompletionRequest r;
