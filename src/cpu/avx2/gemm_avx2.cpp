@@ -65,10 +65,9 @@ inline void for_token_blocks(int64_t n_tok, Fn&& fn) {
   }
 }
 
-// The 32 bytes at rows[i] + offset of each row, transposed: r[j] lane i = dword j of row i.
-inline void load_transposed(const uint8_t* const rows[kRows], size_t offset, __m256i r[8]) {
+// In place: r[i] holds the dwords (i, 0..7) of an 8 x 8 matrix; afterwards r[j] holds (0..7, j).
+inline void transpose_8x8(__m256i r[8]) {
   __m256i t[8], u[8];
-  for (int i = 0; i < 8; ++i) r[i] = load32(rows[i] + offset);
   for (int i = 0; i < 8; i += 2) {
     t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
     t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
@@ -84,6 +83,12 @@ inline void load_transposed(const uint8_t* const rows[kRows], size_t offset, __m
     r[m] = _mm256_permute2x128_si256(u[m], u[4 + m], 0x20);
     r[m + 4] = _mm256_permute2x128_si256(u[m], u[4 + m], 0x31);
   }
+}
+
+// The 32 bytes at rows[i] + offset of each row, transposed: r[j] lane i = dword j of row i.
+inline void load_transposed(const uint8_t* const rows[kRows], size_t offset, __m256i r[8]) {
+  for (int i = 0; i < 8; ++i) r[i] = load32(rows[i] + offset);
+  transpose_8x8(r);
 }
 
 // The 8 rows of a tile: rows past the end repeat the last one (their lanes are not stored).
@@ -617,34 +622,15 @@ struct Bf16Row {
   }
 };
 
-// r[j] lane i = lane j of r[i] (8 x 8 floats).
-inline void transpose8(__m256 r[8]) {
-  __m256 t[8], u[8];
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int g = 0; g < 8; g += 4) {
-    u[g + 0] = _mm256_shuffle_ps(t[g], t[g + 2], 0x44);
-    u[g + 1] = _mm256_shuffle_ps(t[g], t[g + 2], 0xEE);
-    u[g + 2] = _mm256_shuffle_ps(t[g + 1], t[g + 3], 0x44);
-    u[g + 3] = _mm256_shuffle_ps(t[g + 1], t[g + 3], 0xEE);
-  }
-  for (int m = 0; m < 4; ++m) {
-    r[m] = _mm256_permute2f128_ps(u[m], u[4 + m], 0x20);
-    r[m + 4] = _mm256_permute2f128_ps(u[m], u[4 + m], 0x31);
-  }
-}
-
 // Element k0 + k of the 8 rows as floats, k < kk, into wt[k].
 template <class W>
 void widen_rows(const RowTile& rt, int64_t k0, int64_t kk, __m256* wt) {
   int64_t k = 0;
   for (; k + 8 <= kk; k += 8) {
-    __m256 r[8];
-    for (int i = 0; i < kRows; ++i) r[i] = W::load8(rt.rows[i] + size_t(k0 + k) * W::kBytes);
-    transpose8(r);
-    for (int j = 0; j < 8; ++j) wt[k + j] = r[j];
+    __m256i r[8];
+    for (int i = 0; i < kRows; ++i) r[i] = _mm256_castps_si256(W::load8(rt.rows[i] + size_t(k0 + k) * W::kBytes));
+    transpose_8x8(r);
+    for (int j = 0; j < 8; ++j) wt[k + j] = _mm256_castsi256_ps(r[j]);
   }
   for (; k < kk; ++k) {
     alignas(32) float e[kRows];
