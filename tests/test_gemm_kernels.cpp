@@ -363,8 +363,42 @@ TEST(GemmKernels, InterleavedMatchReference) {
     }
   });
   if (cpu::isa_supported(CpuIsa::avx512)) {
-    EXPECT_GE(kernels, 9) << "AVX-512 has Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, IQ4_NL, MXFP4, BF16 and F32 interleaved kernels";
+    EXPECT_GE(kernels, 4 + 9) << "AVX2 has Q8_0, Q4_0, IQ4_NL and MXFP4 interleaved kernels; AVX-512 also Q4_K, Q5_K, "
+                                 "Q6_K, BF16 and F32";
+  } else if (cpu::isa_supported(CpuIsa::avx2)) {
+    EXPECT_GE(kernels, 4) << "AVX2 has Q8_0, Q4_0, IQ4_NL and MXFP4 interleaved kernels";
   }
+}
+
+// Interleaved weights take gemm_interleaved at every token count, decode included: up to
+// kBatchInvariantTokens tokens (a speculative verification step) each token's result must be
+// bit-identical to its one-token result. Lengths with a short last panel and a short last unit.
+TEST(GemmKernels, InterleavedTokensBitIdenticalToOne) {
+  SEED_TRACE();
+  Rng rng(206);
+  for_each_isa([&](const KernelTable& k) {
+    for (const GgmlTypeTraits& g : kGgmlTypeTable) {
+      const GemmFn gemm = k.gemm_interleaved[size_t(g.type)];
+      if (gemm == nullptr) continue;
+      for (int64_t n : {int64_t(2880), int64_t(4608)}) {
+        if (n % int64_t(quant_traits(g.type).block_size) != 0) continue;
+        SCOPED_TRACE(std::string(isa_name(k.isa)) + " " + std::string(g.name) + " n=" + std::to_string(n));
+        const int64_t rows = 32, n_tok = cpu::kBatchInvariantTokens;
+        Problem p(rng, g.type, n, rows, n_tok, 0, 0);
+        std::vector<uint8_t> w(p.w.size());
+        for (int64_t r0 = 0; r0 < rows; r0 += 16)
+          cpu::interleave_group(p.type, p.row(r0), p.w_stride, w.data() + size_t(r0) * p.w_stride);
+        std::vector<float> one(size_t(rows * n_tok));
+        for (int64_t t = 0; t < n_tok; ++t) gemm(p.n, w.data(), p.w_stride, rows, p.tok(t), p.a_stride, 1, one.data() + t * rows, rows);
+        for (int64_t m = 2; m <= n_tok; ++m) {
+          std::vector<float> many(size_t(rows * m));
+          gemm(p.n, w.data(), p.w_stride, rows, p.a.data(), p.a_stride, m, many.data(), rows);
+          for (int64_t i = 0; i < rows * m; ++i)
+            ASSERT_EQ(many[size_t(i)], one[size_t(i)]) << m << " tokens: token " << i / rows << " row " << i % rows;
+        }
+      }
+    }
+  });
 }
 
 }  // namespace

@@ -40,6 +40,7 @@ KernelTable build_table(CpuIsa isa) {
     detail::add_avx2_kernels(t.vec_dot.data(), t.quantize_row.data());
     detail::add_avx2_vec_dot_tokens(t.vec_dot_tokens.data());
     detail::add_avx2_gemm(t.gemm.data());
+    detail::add_avx2_gemm_interleaved(t.gemm_interleaved.data());
     t.sgemm = detail::sgemm_avx2;
     t.exp_sum = detail::exp_sum_avx2;
     t.silu_mul = detail::silu_mul_avx2;
@@ -52,6 +53,7 @@ KernelTable build_table(CpuIsa isa) {
     detail::add_avx512_kernels(t.vec_dot.data(), t.quantize_row.data());
     t.vec_dot_tokens = {};  // AVX2's would not match AVX-512's vec_dot bit for bit
     detail::add_avx512_gemm(t.gemm.data());
+    t.gemm_interleaved = {};  // AVX-512 interleaves the types it has kernels for
     detail::add_avx512_gemm_interleaved(t.gemm_interleaved.data());
     t.sgemm = detail::sgemm_avx512;
     t.exp_sum = detail::exp_sum_avx512;

@@ -145,8 +145,9 @@ struct KernelTable {
   std::array<GemmFn, kKernelTypeCount> gemm{};
   // gemm_interleaved[weight type]: the tile kernel for row-interleaved weights (cpu/repack.h): w
   // is the start of a group, n_rows a multiple of 16, w_stride the row size in the file (a group
-  // is 16 w_stride bytes). Null where the ISA has none; weights of that type then stay in the file
-  // layout.
+  // is 16 w_stride bytes). It serves every token count, decode included: up to
+  // kBatchInvariantTokens tokens, each token's result bit-identical to its one-token result. Null
+  // where the ISA has none; weights of that type then stay in the file layout.
   std::array<GemmFn, kKernelTypeCount> gemm_interleaved{};
   // vec_dot_tokens[weight type]: one weight row against 2..kBatchInvariantTokens activation rows,
   // the row unpacked once, each result bit-identical to vec_dot's for that row alone. Null where
@@ -210,7 +211,8 @@ void add_avx512_vbmi_kernels(VecDotFn* vec_dot);
 // The tile kernels of each ISA (src/cpu/avx2/gemm_avx2.cpp, src/cpu/avx512/gemm_avx512.cpp).
 void add_avx2_gemm(GemmFn* gemm);
 void add_avx512_gemm(GemmFn* gemm);
-// The kernels for row-interleaved weights (src/cpu/avx512/gemm_avx512.cpp).
+// The kernels for row-interleaved weights (gemm_avx2.cpp, src/cpu/avx512/gemm_avx512.cpp).
+void add_avx2_gemm_interleaved(GemmFn* gemm);
 void add_avx512_gemm_interleaved(GemmFn* gemm);
 // The float matrix products (sgemm_avx2.cpp, sgemm_avx512.cpp) and the scalar reference.
 void sgemm_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
