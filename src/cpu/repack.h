@@ -2,7 +2,8 @@
 //
 // In the file a matrix is row after row. The tile kernels want, for 16 rows at a time, the same
 // four bytes of every row side by side: one 64-byte register then holds one dword of each of the
-// 16 rows, i.e. one int32 lane per row, and vpdpbusd adds four products to all 16 rows at once.
+// 16 rows, i.e. one int32 lane per row, and vpdpbusd adds four products to all 16 rows at once
+// (AVX2 reads each such line as two 32-byte registers, rows 0..7 and 8..15).
 // Read from the file layout that needs a 16 x 16 dword transpose per 64 bytes of each row, in the
 // kernel, every time the weights are used (gemm_avx512.cpp does it for the file layout).
 // Interleaving does that transpose once, at load:
