@@ -168,19 +168,30 @@ TEST(Bf16Peak, MeasuresWhatItNames) {
   }
 }
 
-TEST(KernelProbe, InterleaveRateWhereTheKernelsInterleaveQ4K) {
+// Q4_K where the kernels interleave it (AVX-512), else MXFP4 (AVX2 interleaves the 32-element
+// formats only), else 0.
+TEST(KernelProbe, InterleaveRateWhereTheKernelsInterleave) {
   cpu::ThreadPool& pool = cpu::compute_pool();
-  const double gbps = cpu::measure_interleave_gbps(pool, size_t(16) << 20, 0.03);
-  Weight w;  // a 2048 x 768 Q4_K matrix, as the probe's
-  w.data = reinterpret_cast<const uint8_t*>(&w);
-  w.type = GgmlType::q4_k;
-  w.n_in = 2048;
-  w.n_out = 768;
-  w.row_bytes = 2048 / 256 * 144;
-  if (cpu::can_interleave(w))
+  GgmlType measured = GgmlType::f32;
+  const double gbps = cpu::measure_interleave_gbps(pool, size_t(16) << 20, 0.03, &measured);
+  auto interleaves = [](GgmlType type) {
+    Weight w;  // a 2048 x 768 matrix, as the probe's
+    w.data = reinterpret_cast<const uint8_t*>(&w);
+    w.type = type;
+    w.n_in = 2048;
+    w.n_out = 768;
+    w.row_bytes = ggml_row_bytes(type, 2048);
+    return cpu::can_interleave(w);
+  };
+  if (interleaves(GgmlType::q4_k)) {
     EXPECT_GT(gbps, 0.0);
-  else
+    EXPECT_EQ(measured, GgmlType::q4_k);
+  } else if (interleaves(GgmlType::mxfp4)) {
+    EXPECT_GT(gbps, 0.0);
+    EXPECT_EQ(measured, GgmlType::mxfp4);
+  } else {
     EXPECT_EQ(gbps, 0.0);
+  }
 }
 
 }  // namespace

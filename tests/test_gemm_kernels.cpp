@@ -372,7 +372,8 @@ TEST(GemmKernels, InterleavedMatchReference) {
 
 // Interleaved weights take gemm_interleaved at every token count, decode included: up to
 // kBatchInvariantTokens tokens (a speculative verification step) each token's result must be
-// bit-identical to its one-token result. Lengths with a short last panel and a short last unit.
+// bit-identical to its one-token result. Lengths with a short last panel (64 blocks of 32) and a
+// short last unit (91 blocks: units of 2; 90: MXFP4's of 4).
 TEST(GemmKernels, InterleavedTokensBitIdenticalToOne) {
   SEED_TRACE();
   Rng rng(206);
@@ -380,7 +381,7 @@ TEST(GemmKernels, InterleavedTokensBitIdenticalToOne) {
     for (const GgmlTypeTraits& g : kGgmlTypeTable) {
       const GemmFn gemm = k.gemm_interleaved[size_t(g.type)];
       if (gemm == nullptr) continue;
-      for (int64_t n : {int64_t(2880), int64_t(4608)}) {
+      for (int64_t n : {int64_t(2880), int64_t(2912), int64_t(4608)}) {
         if (n % int64_t(quant_traits(g.type).block_size) != 0) continue;
         SCOPED_TRACE(std::string(isa_name(k.isa)) + " " + std::string(g.name) + " n=" + std::to_string(n));
         const int64_t rows = 32, n_tok = cpu::kBatchInvariantTokens;

@@ -131,8 +131,9 @@ int run_calibrate(const CalibrateOptions& o) {
   h.dram_gbps = cpu::measure_read_gbps(pool);
   step("decode kernels over expert matrices (Q4_K, 512 MiB)");
   h.weights_gbps = cpu::measure_weights_gbps(pool);
-  step("interleave of experts read from NVMe (Q4_K, 512 MiB)");
-  h.repack_gbps = cpu::measure_interleave_gbps(pool);
+  step("interleave of experts read from NVMe (Q4_K, or MXFP4 where the kernels keep Q4_K in the file layout; 512 MiB)");
+  GgmlType repack_type = GgmlType::q4_k;
+  h.repack_gbps = cpu::measure_interleave_gbps(pool, size_t(512) << 20, 0.6, &repack_type);
   step("prefill kernels (Q4_K GEMM, 64 rows)");
   h.cpu_int8_gops = cpu::measure_gemm_gops(pool);
   step("int8 and bf16 register peaks");
@@ -236,9 +237,11 @@ int run_calibrate(const CalibrateOptions& o) {
   std::printf("decode kernels %8.1f GB/s   (Q4_K matrix-vector over expert matrices: %.2f of DRAM)\n", h.weights_gbps,
               h.dram_gbps > 0 ? h.weights_gbps / h.dram_gbps : 0.0);
   if (h.repack_gbps > 0)
-    std::printf("interleave     %8.1f GB/s   (Q4_K experts as the NVMe tier reads them, into the tile kernels' layout)\n", h.repack_gbps);
+    std::printf("interleave     %8.1f GB/s   (%s experts as the NVMe tier reads them, into the tile kernels' layout%s)\n",
+                h.repack_gbps, std::string(ggml_type_name(repack_type)).c_str(),
+                repack_type == GgmlType::q4_k ? "" : "; these kernels read Q4_K in the file's layout");
   else
-    std::printf("interleave            -        (these kernels read Q4_K in the file's layout: streamed experts are not interleaved)\n");
+    std::printf("interleave            -        (these kernels read the file's layout: streamed experts are not interleaved)\n");
   std::printf("prefill GEMM   %8.0f GOP/s  (Q4_K x 64 rows: %.2f of the int8 peak)\n", h.cpu_int8_gops,
               int8_peak > 0 ? h.cpu_int8_gops / int8_peak : 0.0);
   std::printf("int8 peak      %8.0f GOP/s  (register-only loop)\n", int8_peak);

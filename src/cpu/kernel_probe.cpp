@@ -80,11 +80,23 @@ double measure_weights_gbps(ThreadPool& pool, size_t bytes, double seconds) {
   return best;
 }
 
-double measure_interleave_gbps(ThreadPool& pool, size_t bytes, double seconds) {
-  const size_t mat_bytes = size_t(kOut) * size_t(kIn / QK_K) * sizeof(block_q4_K);
-  const int64_t n_mat = std::max<int64_t>(4 * pool.size(), int64_t(bytes / mat_bytes));
+double measure_interleave_gbps(ThreadPool& pool, size_t bytes, double seconds, GgmlType* measured) {
+  const size_t q4k_bytes = size_t(kOut) * size_t(kIn / QK_K) * sizeof(block_q4_K);
+  const int64_t n_mat = std::max<int64_t>(4 * pool.size(), int64_t(bytes / q4k_bytes));
   Stack s(pool, n_mat);
-  if (!can_interleave(s.w.slice(0))) return 0.0;
+  // Q4_K where the kernels interleave it, else a 4-bit 32-element format they do interleave (AVX2)
+  // over the same bytes, whose content does not matter to the rate (each row no longer than
+  // Q4_K's, so the stack holds its matrices)
+  Weight w = s.w;
+  bool found = false;
+  for (GgmlType t : {GgmlType::q4_k, GgmlType::mxfp4, GgmlType::q4_0, GgmlType::iq4_nl}) {
+    w.type = t;
+    w.row_bytes = ggml_row_bytes(t, uint64_t(kIn));
+    if ((found = w.row_bytes <= s.w.row_bytes && can_interleave(w.slice(0)))) break;
+  }
+  if (measured != nullptr) *measured = found ? w.type : GgmlType::q4_k;
+  if (!found) return 0.0;
+  const size_t mat_bytes = size_t(kOut) * w.row_bytes;
   double best = 0;
   for (int pass = 0; pass < 3; ++pass) {
     std::atomic<int64_t> done{0};
@@ -95,8 +107,8 @@ double measure_interleave_gbps(ThreadPool& pool, size_t bytes, double seconds) {
       while (since(t0) < seconds / 3) {
         // the bytes' content does not matter to the rate: a matrix already interleaved is
         // interleaved again as if it were in the file's layout
-        Weight w = s.w.slice(int64_t(rng() % uint64_t(n_mat)));
-        interleave(w, const_cast<uint8_t*>(w.data), /*on_pool=*/false);
+        Weight m = w.slice(int64_t(rng() % uint64_t(n_mat)));
+        interleave(m, const_cast<uint8_t*>(m.data), /*on_pool=*/false);
         ++n;
       }
       done.fetch_add(n, std::memory_order_relaxed);

@@ -4,6 +4,7 @@
 // most MoE downloads), on random weights with valid scales.
 #pragma once
 
+#include "cpu/ggml_type.h"
 #include "cpu/thread_pool.h"
 
 namespace strata::cpu {
@@ -16,8 +17,11 @@ double measure_weights_gbps(ThreadPool& pool, size_t bytes = size_t(512) << 20, 
 // GB/s of Q4_K expert matrices (2048 x 768, from a `bytes` stack far larger than the caches)
 // interleaved in place for the tile kernels (cpu/repack.h), each thread of the pool interleaving
 // matrices of its own on its own thread, as the NVMe tier does each expert it reads: the rate of
-// all of them together. 0 where the running kernels have no interleaved layout for Q4_K.
-double measure_interleave_gbps(ThreadPool& pool, size_t bytes = size_t(512) << 20, double seconds = 0.6);
+// all of them together. Where the running kernels keep Q4_K in the file layout (AVX2), the same
+// for the first of MXFP4, Q4_0, IQ4_NL they interleave; 0 where they interleave none of these.
+// *measured (if given): the format timed.
+double measure_interleave_gbps(ThreadPool& pool, size_t bytes = size_t(512) << 20, double seconds = 0.6,
+                               GgmlType* measured = nullptr);
 
 // GOP/s (2 per multiply-add) of Q4_K GEMMs: 2048 x 768 matrices times 64 activation rows, for about
 // `seconds`.

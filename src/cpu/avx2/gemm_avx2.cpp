@@ -576,14 +576,6 @@ struct FileRows32 {
   FileRows32(const void* w, size_t w_stride, int64_t r0, int64_t n_rows, int64_t /*nb*/)
       : rt(row_tile(w, w_stride, r0, n_rows)) {}
   void unpack(int64_t b, __m256i q[8], __m256& d) const { F::unpack(rt, b, q, d); }
-  // decode: each row's bytes kDecodeAhead ahead of block b, a line every kStep blocks
-  void prefetch(int64_t b) const {
-    constexpr int64_t kStep = 64 / int64_t(F::kBlock);
-    if (b % kStep != 0) return;
-#pragma GCC unroll 8
-    for (int i = 0; i < kRows; ++i)
-      _mm_prefetch(reinterpret_cast<const char*>(rt.rows[i] + size_t(b) * F::kBlock + kDecodeAhead), _MM_HINT_T0);
-  }
 };
 template <class F>
 struct GroupRows32 {
@@ -724,15 +716,15 @@ void decode_group(const GroupRows32<F> (&rows)[2], int64_t nb, const uint8_t* a,
   }
 }
 
-template <class F, bool kGroups>
+template <class F, bool kInterleaved>
 void gemm_32(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
              int64_t n_tok, float* y, int64_t ldy) {
-  using Rows = std::conditional_t<kGroups, GroupRows32<F>, FileRows32<F>>;
+  using Rows = std::conditional_t<kInterleaved, GroupRows32<F>, FileRows32<F>>;
   const int64_t nb = n / 32;
   const auto* ab = static_cast<const uint8_t*>(a);
   thread_local std::vector<int32_t> sums;
   if constexpr (!F::kSigned) block_sums(ab, a_stride, n_tok, nb, sums);
-  if constexpr (kGroups) {
+  if constexpr (kInterleaved) {
     if (n_tok == 1) {
       for (int64_t r0 = 0; r0 < n_rows; r0 += kGroupRows) {
         const Rows rows[2] = {Rows(w, w_stride, r0, n_rows, nb), Rows(w, w_stride, r0 + kRows, n_rows, nb)};
