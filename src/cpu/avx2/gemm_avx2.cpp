@@ -1,7 +1,8 @@
 // AVX2 + FMA + F16C tile kernels (kernels.h GemmFn): Q4_K, Q5_K and Q6_K against Q8_K
 // activations, Q8_0, Q4_0, IQ4_NL and MXFP4 against Q8_0 (the 32-element formats), F32, F16 and
-// BF16 against floats (further down). Other types (Q5_0) fall back to KernelTable::gemm_tile's
-// loop over the AVX2 vec_dot.
+// BF16 against floats (further down); the 32-element formats also on row-interleaved groups
+// (KernelTable::gemm_interleaved, decode included). Other types (Q5_0) fall back to
+// KernelTable::gemm_tile's loop over the AVX2 vec_dot.
 //
 // Scheme (as in ../avx512/gemm_avx512.cpp, at half the width and without VNNI). The weight rows
 // are taken 8 at a time (one int32 lane each). For each super-block the 8 rows' quants are
