@@ -58,21 +58,37 @@ inline float live_max(float* sr, int64_t lo, int64_t hi) {
 //
 // Scores: per 8 keys and group of 32 dims, per key dword (4 dims) `vpmaddubsw` of |k| against the
 // row's 4 quants signed as k (|k| <= 128 and |q| <= 127: no int16 saturation), `vpmaddwd` to the
-// keys' int32 sums; the exact group sums times the key's and the row's scales, added into s.
+// keys' int32 sums; the exact group sums times the key's and the row's scales, added into s. The
+// pass's query quants transposed once per call (QueryQ8T), so that the 8 rows' broadcasts come
+// from one pointer: with a pointer a row GCC spilled the accumulators in the loop (3-5% a key).
 //
 // Values: as the AVX-512 kernel's (../avx512/attend_avx512.cpp values_q8): a block's softmax
 // weights times the value rows' scales, w_j = p_j d_j (p_j = exp(s_j - the block's max) <= 1),
 // rounded to int16 against the block's largest scale (32767 w_j / dmax); then per two keys and 8
 // columns one `vpmaddwd` a row: the rows j and j + 1 interleaved byte by byte and widened to int16
-// pairs, against (w_j, w_j+1) broadcast. Where widening to floats cost a conversion chain and an
+// pairs, against (w_j, w_j+1) broadcast from the row's pairs (one vpbroadcastd load each). Where widening to floats cost a conversion chain and an
 // FMA a row for every key, twice for a group of 8, this is half an instruction a row per key. The
 // rounding of w_j is at most 2^-16 of the block's largest weight (the values' own q8_0 step is
 // 2^-7 of their block's largest).
 
 // s[r][0 .. 32) = q_r . K_j for rows r0 .. r0 + R of the query and the 32 keys of a q8_0 key
 // block; pf.step() dk times.
+// The query rows of an 8-row pass transposed for scores_block_q8: qt[u][r] the 4 quants of dims 4u
+// .. 4u + 3 of row r0 + r (rows past the pass's end 0), so that one pointer walks all 8 rows.
+struct QueryQ8T {
+  alignas(32) int32_t qt[kAttendQ8MaxDim / 4][8];
+  QueryQ8T(const QueryQ8View& qq, int r0, int rows) {
+    for (int64_t u = 0; u < qq.dk / 4; ++u)
+      for (int r = 0; r < 8; ++r) {
+        int32_t x = 0;
+        if (r < rows) std::memcpy(&x, qq.q + (r0 + r) * qq.dk + u * 4, 4);
+        qt[u][r] = x;
+      }
+  }
+};
+
 template <int R>
-void scores_block_q8(const QueryQ8View& qq, int r0, const uint8_t* blk, float* s, PacedPrefetch& pf) {
+void scores_block_q8(const QueryQ8View& qq, const QueryQ8T& qt, int r0, const uint8_t* blk, float* s, PacedPrefetch& pf) {
   const int64_t dk = qq.dk, ng = dk / 32;
   const uint8_t* scales = blk + dk * kAttendBlock;  // halves [dk / 32][32]
   const __m256i flip = _mm256_set1_epi8(char(0x80)), ones = _mm256_set1_epi16(1);  // offset bytes -> int8
@@ -80,15 +96,15 @@ void scores_block_q8(const QueryQ8View& qq, int r0, const uint8_t* blk, float* s
     for (int64_t g = 0; g < ng; ++g) {
       __m256i acc[R];
       for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+      const uint8_t* kp = blk + size_t(g * 8 * kAttendBlock + c8) * 4;
+      const int32_t* qp = qt.qt[g * 8];
 #pragma GCC unroll 8
-      for (int64_t u = g * 8; u < g * 8 + 8; ++u) {
-        const __m256i k = _mm256_xor_si256(load32(blk + size_t(u * kAttendBlock + c8) * 4), flip);
+      for (int u = 0; u < 8; ++u, kp += kAttendBlock * 4, qp += 8) {
+        const __m256i k = _mm256_xor_si256(load32(kp), flip);
         const __m256i ka = _mm256_abs_epi8(k);
         pf.step();
         for (int r = 0; r < R; ++r) {
-          int32_t q4;
-          std::memcpy(&q4, qq.q + (r0 + r) * dk + u * 4, 4);
-          const __m256i qs = _mm256_sign_epi8(_mm256_set1_epi32(q4), k);
+          const __m256i qs = _mm256_sign_epi8(_mm256_set1_epi32(qp[r]), k);
           acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(_mm256_maddubs_epi16(ka, qs), ones));
         }
       }
@@ -103,13 +119,12 @@ void scores_block_q8(const QueryQ8View& qq, int r0, const uint8_t* blk, float* s
 }
 
 // o[r][32 b .. 32 b + 32) = o[r][..] corr[r] + scale[r] sum over keys j in [j_lo, hi) of w[r][j] v_j
-// (value block b): wb [16][R] vectors, wb[i][r] the int16 weights of row r for keys 2i and 2i + 1
-// in every dword (0 outside the block's range; broadcast once for the block's 4 column tiles, where
-// a broadcast in the loop cost 20% more), value rows at v (row_stride bytes apart), j_lo even. One
+// (value block b): wp [R][16] dwords, wp[r][i] the int16 weights of row r for keys 2i and 2i + 1
+// (0 outside the block's range), value rows at v (row_stride bytes apart), j_lo even. One
 // loop with no tail: an odd last key pairs with the row after it at weight 0 (AttendArgs::v). Out
 // of line, as the AVX-512 kernel's (inlined there, GCC 12 spilled its accumulators).
 template <int R>
-__attribute__((noinline)) void values_q8(const __m256i* wb, const float* corr, const float* scale, int64_t j_lo,
+__attribute__((noinline)) void values_q8(const int32_t* wp, const float* corr, const float* scale, int64_t j_lo,
                                          int64_t hi, const uint8_t* v, size_t row_stride, int64_t b, float* o,
                                          int64_t dv, PacedPrefetch& pf) {
   const uint8_t* qs = v + size_t(j_lo) * row_stride + size_t(b) * sizeof(block_q8_0) + offsetof(block_q8_0, qs);
@@ -117,13 +132,13 @@ __attribute__((noinline)) void values_q8(const __m256i* wb, const float* corr, c
     __m256i acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
     const uint8_t* row = qs + c;
-    const __m256i* wj = wb + j_lo / 2 * R;
-    for (int64_t j = j_lo; j < hi; j += 2, row += 2 * row_stride, wj += R) {
+    const int32_t* wj = wp + j_lo / 2;
+    for (int64_t j = j_lo; j < hi; j += 2, row += 2 * row_stride, ++wj) {
       pf.step();
       const __m128i x0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row));
       const __m128i x1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + row_stride));
       const __m256i pairs = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(x0, x1));  // (v_j[i], v_j+1[i]) in dword i
-      for (int r = 0; r < R; ++r) acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs, wj[r]));
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs, _mm256_set1_epi32(wj[r * 16])));
     }
     for (int r = 0; r < R; ++r) {
       float* orow = o + r * dv + 32 * b + c;
@@ -136,14 +151,14 @@ __attribute__((noinline)) void values_q8(const __m256i* wb, const float* corr, c
 // rows_block for q8_0 entries: integer scores, the softmax step against the block's own max, then
 // each value block in integers (values_q8). R <= 8.
 template <int R>
-void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
+void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, const QueryQ8T& qt, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
   static_assert(R >= 1 && R <= 8);
   const uint8_t* blk = a.k + size_t(j0 / kAttendBlock) * a.k_block_stride;
   const uint8_t* v = a.v + size_t(j0) * a.v_row_stride;
   const bool lead = r0 == 0;  // the pass that prefetches
   PacedPrefetch pf = lead ? value_rows_prefetch(a, j0, lo, hi) : PacedPrefetch();
   float* sb = s + r0 * kAttendBlock;
-  scores_block_q8<R>(qq.view, r0, blk, sb, pf);
+  scores_block_q8<R>(qq.view, qt, r0, blk, sb, pf);
   pf.rest();
   // per row: the block's max score bm over [lo, hi), m' = max(m, bm), the correction exp(m - m')
   // of what o holds, the block's factor e = exp(bm - m'), and its weights exp(s - bm) (0 outside)
@@ -171,7 +186,7 @@ void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, i
   }
   pf = lead ? next_key_block_prefetch(a, j0) : PacedPrefetch();
   const int64_t j_lo = lo & ~int64_t(1);
-  alignas(32) __m256i wb[16 * R];
+  alignas(32) int32_t wp[16 * R];
   alignas(32) uint16_t dh[kAttendBlock];
   float scale[8];
   // the value rows' scales of each value block: only the rows of keys [lo, hi) are read (the
@@ -188,26 +203,15 @@ void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, i
     for (int r = 0; r < R; ++r) {
       const float* pr = sb + r * kAttendBlock;
       for (int i = 0; i < 4; i += 2) {
-        // keys 8i .. 8i + 15 as int16, pairs of keys in dwords: packs interleaves its sources by
-        // 128-bit lane, so lane 0 holds pairs (0, 1, 4, 5) and lane 1 (2, 3, 6, 7) of the 8. Each
-        // pair broadcast in registers (a lane duplicated, then a dword): broadcast loads of the
-        // pairs just stored waited on the stores.
+        // keys 8i .. 8i + 15 as int16 pairs in dwords, in order (packs interleaves its sources by
+        // 128-bit lane: pairs 0, 1, 4, 5 | 2, 3, 6, 7 of the 8, put back in order by vpermq)
         const __m256i w16 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(pr + 8 * i), dv[i])),
                                                _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(pr + 8 * i + 8), dv[i + 1])));
-        const __m256i l0 = _mm256_permute2x128_si256(w16, w16, 0x00), l1 = _mm256_permute2x128_si256(w16, w16, 0x11);
-        __m256i* out = wb + 4 * i * R + r;  // pair 4 i / 2 .. of this row
-        out[0 * R] = _mm256_shuffle_epi32(l0, 0x00);
-        out[1 * R] = _mm256_shuffle_epi32(l0, 0x55);
-        out[2 * R] = _mm256_shuffle_epi32(l1, 0x00);
-        out[3 * R] = _mm256_shuffle_epi32(l1, 0x55);
-        out[4 * R] = _mm256_shuffle_epi32(l0, 0xAA);
-        out[5 * R] = _mm256_shuffle_epi32(l0, 0xFF);
-        out[6 * R] = _mm256_shuffle_epi32(l1, 0xAA);
-        out[7 * R] = _mm256_shuffle_epi32(l1, 0xFF);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(wp + r * 16 + 4 * i), _mm256_permute4x64_epi64(w16, 0xD8));
       }
       scale[r] = e[r] * (dmax / 32767.0f);
     }
-    values_q8<R>(wb, corr, scale, j_lo, hi, v, a.v_row_stride, b, a.o + r0 * a.dv, a.dv, pf);
+    values_q8<R>(wp, corr, scale, j_lo, hi, v, a.v_row_stride, b, a.o + r0 * a.dv, a.dv, pf);
   }
   pf.rest();
 }
@@ -302,11 +306,11 @@ void rows_block(const AttendArgs& a, int r0, int64_t j0, int64_t lo, int64_t hi,
 
 // rows_block_q8 for the min(R, rows - r0) rows from r0
 template <int R>
-void rows_pass_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
+void rows_pass_q8(const AttendArgs& a, const QueryQ8& qq, const QueryQ8T& qt, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
   if constexpr (R > 1) {
-    if (a.rows - r0 < R) return rows_pass_q8<R - 1>(a, qq, r0, j0, lo, hi, s);
+    if (a.rows - r0 < R) return rows_pass_q8<R - 1>(a, qq, qt, r0, j0, lo, hi, s);
   }
-  rows_block_q8<R>(a, qq, r0, j0, lo, hi, s);
+  rows_block_q8<R>(a, qq, qt, r0, j0, lo, hi, s);
 }
 
 template <KvType T>
@@ -315,11 +319,14 @@ void attend_simd(const AttendArgs& a) {
   std::optional<QueryQ8> qq;
   if constexpr (T == KvType::q8_0) qq.emplace(a.q, a.rows, a.dk);
   const QueryQ8* q = qq ? &*qq : nullptr;
+  std::optional<QueryQ8T> qts[kAttendMaxRows / 8];
+  if constexpr (T == KvType::q8_0)
+    for (int r0 = 0; r0 < a.rows; r0 += 8) qts[r0 / 8].emplace(q->view, r0, std::min(8, a.rows - r0));
   for (int64_t j0 = 0; j0 < a.n; j0 += kAttendBlock) {
     const int64_t lo = std::max<int64_t>(a.first - j0, 0), hi = std::min<int64_t>(a.n - j0, kAttendBlock);
     if (lo >= hi) continue;
     if constexpr (T == KvType::q8_0) {
-      for (int r0 = 0; r0 < a.rows; r0 += 8) rows_pass_q8<8>(a, *q, r0, j0, lo, hi, s);
+      for (int r0 = 0; r0 < a.rows; r0 += 8) rows_pass_q8<8>(a, *q, *qts[r0 / 8], r0, j0, lo, hi, s);
     } else {
       for (int r0 = 0; r0 < a.rows; r0 += 4) {
         switch (std::min(4, a.rows - r0)) {
