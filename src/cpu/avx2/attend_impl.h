@@ -66,10 +66,10 @@ inline float live_max(float* sr, int64_t lo, int64_t hi) {
 // weights times the value rows' scales, w_j = p_j d_j (p_j = exp(s_j - the block's max) <= 1),
 // rounded to int16 against the block's largest scale (32767 w_j / dmax); then per two keys and 8
 // columns one `vpmaddwd` a row: the rows j and j + 1 interleaved byte by byte and widened to int16
-// pairs, against (w_j, w_j+1) broadcast from the row's pairs (one vpbroadcastd load each). Where widening to floats cost a conversion chain and an
-// FMA a row for every key, twice for a group of 8, this is half an instruction a row per key. The
-// rounding of w_j is at most 2^-16 of the block's largest weight (the values' own q8_0 step is
-// 2^-7 of their block's largest).
+// pairs, against (w_j, w_j+1) broadcast from the row's pairs (one vpbroadcastd load each). Where
+// widening to floats cost a conversion chain and an FMA a row for every key, twice for a group of
+// 8, this is half an instruction a row per key. The rounding of w_j is at most 2^-16 of the
+// block's largest weight (the values' own q8_0 step is 2^-7 of their block's largest).
 
 // exp(x) of a block's scores less their max (x <= 0) for the q8_0 value weights, which are rounded
 // to int16 (2^-15 of the block's largest) straight after: 5.4e-6 relative (e^r = 1 + r + r^2 p(r),
@@ -107,7 +107,8 @@ struct QueryQ8T {
 // s[r][0 .. 32) = q_r . K_j for rows r0 .. r0 + R of the query and the 32 keys of a q8_0 key
 // block; pf.step() dk times.
 template <int R>
-void scores_block_q8(const QueryQ8View& qq, const QueryQ8T& qt, int r0, const uint8_t* blk, float* s, PacedPrefetch& pf) {
+void scores_block_q8(const QueryQ8View& qq, const QueryQ8T& qt, int r0, const uint8_t* blk, float* s,
+                     PacedPrefetch& pf) {
   const int64_t dk = qq.dk, ng = dk / 32;
   const uint8_t* scales = blk + dk * kAttendBlock;  // halves [dk / 32][32]
   const __m256i flip = _mm256_set1_epi8(char(0x80)), ones = _mm256_set1_epi16(1);  // offset bytes -> int8
@@ -157,7 +158,8 @@ __attribute__((noinline)) void values_q8(const int32_t* wp, const float* corr, c
       const __m128i x0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row));
       const __m128i x1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + row_stride));
       const __m256i pairs = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(x0, x1));  // (v_j[i], v_j+1[i]) in dword i
-      for (int r = 0; r < R; ++r) acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs, _mm256_set1_epi32(wj[r * 16])));
+      for (int r = 0; r < R; ++r)
+        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs, _mm256_set1_epi32(wj[r * 16])));
     }
     for (int r = 0; r < R; ++r) {
       float* orow = o + r * dv + 32 * b + c;
@@ -170,7 +172,8 @@ __attribute__((noinline)) void values_q8(const int32_t* wp, const float* corr, c
 // rows_block for q8_0 entries: integer scores, the softmax step against the block's own max, then
 // each value block in integers (values_q8). R <= 8.
 template <int R>
-void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, const QueryQ8T& qt, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
+void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, const QueryQ8T& qt, int r0, int64_t j0, int64_t lo, int64_t hi,
+                   float* s) {
   static_assert(R >= 1 && R <= 8);
   const uint8_t* blk = a.k + size_t(j0 / kAttendBlock) * a.k_block_stride;
   const uint8_t* v = a.v + size_t(j0) * a.v_row_stride;
@@ -325,7 +328,8 @@ void rows_block(const AttendArgs& a, int r0, int64_t j0, int64_t lo, int64_t hi,
 
 // rows_block_q8 for the min(R, rows - r0) rows from r0
 template <int R>
-void rows_pass_q8(const AttendArgs& a, const QueryQ8& qq, const QueryQ8T& qt, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
+void rows_pass_q8(const AttendArgs& a, const QueryQ8& qq, const QueryQ8T& qt, int r0, int64_t j0, int64_t lo, int64_t hi,
+                  float* s) {
   if constexpr (R > 1) {
     if (a.rows - r0 < R) return rows_pass_q8<R - 1>(a, qq, qt, r0, j0, lo, hi, s);
   }
