@@ -66,10 +66,11 @@ inline float live_max(float* sr, int64_t lo, int64_t hi) {
 // weights times the value rows' scales, w_j = p_j d_j (p_j = exp(s_j - the block's max) <= 1),
 // rounded to int16 against the block's largest scale (32767 w_j / dmax); then per two keys and 8
 // columns one `vpmaddwd` a row: the rows j and j + 1 interleaved byte by byte and widened to int16
-// pairs, against (w_j, w_j+1) broadcast from the row's pairs (one vpbroadcastd load each). Where
-// widening to floats cost a conversion chain and an FMA a row for every key, twice for a group of
-// 8, this is half an instruction a row per key. The rounding of w_j is at most 2^-16 of the
-// block's largest weight (the values' own q8_0 step is 2^-7 of their block's largest).
+// pairs, against (w_j, w_j+1) broadcast from the row's pairs (one vpbroadcastd load, for 16
+// columns). Where widening to floats cost a conversion chain and an FMA a row for every key,
+// twice for a group of 8, this is half an instruction a row per key. The rounding of w_j is at
+// most 2^-16 of the block's largest weight (the values' own q8_0 step is 2^-7 of their block's
+// largest).
 
 // exp(x) of a block's scores less their max (x <= 0) for the q8_0 value weights, which are rounded
 // to int16 (2^-15 of the block's largest) straight after: 5.4e-6 relative (e^r = 1 + r + r^2 p(r),
@@ -141,32 +142,51 @@ void scores_block_q8(const QueryQ8View& qq, const QueryQ8T& qt, int r0, const ui
 // o[r][32 b .. 32 b + 32) = o[r][..] corr[r] + scale[r] sum over keys j in [j_lo, hi) of w[r][j] v_j
 // (value block b): wp [R][16] dwords, wp[r][i] the int16 weights of row r for keys 2i and 2i + 1
 // (0 outside the block's range), value rows at v (row_stride bytes apart), j_lo even. One
-// loop with no tail: an odd last key pairs with the row after it at weight 0 (AttendArgs::v). Out
-// of line, as the AVX-512 kernel's (inlined there, GCC 12 spilled its accumulators).
+// loop with no tail: an odd last key pairs with the row after it at weight 0 (AttendArgs::v).
+// Up to 4 rows by 16 columns at a time (values_q8_rows): each row's weight pair, broadcast once,
+// meets two column vectors, so a key pair costs 6 loads for 8 vpmaddwd where 8 rows by 8 columns
+// cost 10 (loads, not the multiplies, bounded that loop: 5% of the kernel's time a key on Zen 3).
+// Out of line, as the AVX-512 kernel's (inlined there, GCC 12 spilled its accumulators).
+template <int R>
+inline void values_q8_rows(const int32_t* wp, const float* corr, const float* scale, int64_t j_lo, int64_t hi,
+                           const uint8_t* qs, size_t row_stride, float* o, int64_t dv, PacedPrefetch& pf) {
+  static_assert(R >= 1 && R <= 4);
+  for (int64_t c = 0; c < 32; c += 16) {
+    __m256i a0[R], a1[R];
+    for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_si256();
+    const uint8_t* row = qs + c;
+    const int32_t* wj = wp + j_lo / 2;
+    for (int64_t j = j_lo; j < hi; j += 2, row += 2 * row_stride, ++wj) {
+      pf.step();
+      const __m128i x0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row));
+      const __m128i x1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + row_stride));
+      // (v_j[i], v_j+1[i]) in dword i: columns c .. c + 7, then c + 8 .. c + 15
+      const __m256i p0 = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(x0, x1));
+      const __m256i p1 = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(x0, x1));
+      for (int r = 0; r < R; ++r) {
+        const __m256i w = _mm256_set1_epi32(wj[r * 16]);
+        a0[r] = _mm256_add_epi32(a0[r], _mm256_madd_epi16(p0, w));
+        a1[r] = _mm256_add_epi32(a1[r], _mm256_madd_epi16(p1, w));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      float* orow = o + r * dv + c;
+      const __m256 sc = _mm256_set1_ps(scale[r]), cr = _mm256_set1_ps(corr[r]);
+      _mm256_storeu_ps(orow, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a0[r]), sc, _mm256_mul_ps(_mm256_loadu_ps(orow), cr)));
+      _mm256_storeu_ps(orow + 8,
+                       _mm256_fmadd_ps(_mm256_cvtepi32_ps(a1[r]), sc, _mm256_mul_ps(_mm256_loadu_ps(orow + 8), cr)));
+    }
+  }
+}
+
 template <int R>
 __attribute__((noinline)) void values_q8(const int32_t* wp, const float* corr, const float* scale, int64_t j_lo,
                                          int64_t hi, const uint8_t* v, size_t row_stride, int64_t b, float* o,
                                          int64_t dv, PacedPrefetch& pf) {
   const uint8_t* qs = v + size_t(j_lo) * row_stride + size_t(b) * sizeof(block_q8_0) + offsetof(block_q8_0, qs);
-  for (int64_t c = 0; c < 32; c += 8) {
-    __m256i acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
-    const uint8_t* row = qs + c;
-    const int32_t* wj = wp + j_lo / 2;
-    for (int64_t j = j_lo; j < hi; j += 2, row += 2 * row_stride, ++wj) {
-      pf.step();
-      const __m128i x0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row));
-      const __m128i x1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + row_stride));
-      const __m256i pairs = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(x0, x1));  // (v_j[i], v_j+1[i]) in dword i
-      for (int r = 0; r < R; ++r)
-        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs, _mm256_set1_epi32(wj[r * 16])));
-    }
-    for (int r = 0; r < R; ++r) {
-      float* orow = o + r * dv + 32 * b + c;
-      _mm256_storeu_ps(orow, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_set1_ps(scale[r]),
-                                             _mm256_mul_ps(_mm256_loadu_ps(orow), _mm256_set1_ps(corr[r]))));
-    }
-  }
+  o += 32 * b;
+  values_q8_rows<(R < 4 ? R : 4)>(wp, corr, scale, j_lo, hi, qs, row_stride, o, dv, pf);
+  if constexpr (R > 4) values_q8_rows<R - 4>(wp + 4 * 16, corr + 4, scale + 4, j_lo, hi, qs, row_stride, o + 4 * dv, dv, pf);
 }
 
 // rows_block for q8_0 entries: integer scores, the softmax step against the block's own max, then
