@@ -172,9 +172,9 @@ inline void values_q8_rows(const int32_t* wp, const float* corr, const float* sc
     for (int r = 0; r < R; ++r) {
       float* orow = o + r * dv + c;
       const __m256 sc = _mm256_set1_ps(scale[r]), cr = _mm256_set1_ps(corr[r]);
-      _mm256_storeu_ps(orow, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a0[r]), sc, _mm256_mul_ps(_mm256_loadu_ps(orow), cr)));
-      _mm256_storeu_ps(orow + 8,
-                       _mm256_fmadd_ps(_mm256_cvtepi32_ps(a1[r]), sc, _mm256_mul_ps(_mm256_loadu_ps(orow + 8), cr)));
+      const __m256 o0 = _mm256_mul_ps(_mm256_loadu_ps(orow), cr), o1 = _mm256_mul_ps(_mm256_loadu_ps(orow + 8), cr);
+      _mm256_storeu_ps(orow, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a0[r]), sc, o0));
+      _mm256_storeu_ps(orow + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a1[r]), sc, o1));
     }
   }
 }
@@ -186,14 +186,15 @@ __attribute__((noinline)) void values_q8(const int32_t* wp, const float* corr, c
   const uint8_t* qs = v + size_t(j_lo) * row_stride + size_t(b) * sizeof(block_q8_0) + offsetof(block_q8_0, qs);
   o += 32 * b;
   values_q8_rows<(R < 4 ? R : 4)>(wp, corr, scale, j_lo, hi, qs, row_stride, o, dv, pf);
-  if constexpr (R > 4) values_q8_rows<R - 4>(wp + 4 * 16, corr + 4, scale + 4, j_lo, hi, qs, row_stride, o + 4 * dv, dv, pf);
+  if constexpr (R > 4)
+    values_q8_rows<R - 4>(wp + 4 * 16, corr + 4, scale + 4, j_lo, hi, qs, row_stride, o + 4 * dv, dv, pf);
 }
 
 // rows_block for q8_0 entries: integer scores, the softmax step against the block's own max, then
 // each value block in integers (values_q8). R <= 8.
 template <int R>
-void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, const QueryQ8T& qt, int r0, int64_t j0, int64_t lo, int64_t hi,
-                   float* s) {
+void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, const QueryQ8T& qt, int r0, int64_t j0, int64_t lo,
+                   int64_t hi, float* s) {
   static_assert(R >= 1 && R <= 8);
   const uint8_t* blk = a.k + size_t(j0 / kAttendBlock) * a.k_block_stride;
   const uint8_t* v = a.v + size_t(j0) * a.v_row_stride;
@@ -348,8 +349,8 @@ void rows_block(const AttendArgs& a, int r0, int64_t j0, int64_t lo, int64_t hi,
 
 // rows_block_q8 for the min(R, rows - r0) rows from r0
 template <int R>
-void rows_pass_q8(const AttendArgs& a, const QueryQ8& qq, const QueryQ8T& qt, int r0, int64_t j0, int64_t lo, int64_t hi,
-                  float* s) {
+void rows_pass_q8(const AttendArgs& a, const QueryQ8& qq, const QueryQ8T& qt, int r0, int64_t j0, int64_t lo,
+                  int64_t hi, float* s) {
   if constexpr (R > 1) {
     if (a.rows - r0 < R) return rows_pass_q8<R - 1>(a, qq, qt, r0, j0, lo, hi, s);
   }
