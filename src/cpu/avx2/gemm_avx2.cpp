@@ -1,7 +1,7 @@
 // AVX2 + FMA + F16C tile kernels (kernels.h GemmFn): Q4_K, Q5_K and Q6_K against Q8_K
 // activations, Q8_0, Q4_0, IQ4_NL and MXFP4 against Q8_0 (the 32-element formats), F32, F16 and
-// BF16 against floats (further down); the 32-element formats also on row-interleaved groups
-// (KernelTable::gemm_interleaved, decode included). Other types (Q5_0) fall back to
+// BF16 against floats (further down); the 32-element formats and Q4_K also on row-interleaved
+// groups (KernelTable::gemm_interleaved, decode included). Other types (Q5_0) fall back to
 // KernelTable::gemm_tile's loop over the AVX2 vec_dot.
 //
 // Scheme (as in ../avx512/gemm_avx512.cpp, at half the width and without VNNI). The weight rows
@@ -749,6 +749,170 @@ void gemm_32(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const vo
   }
 }
 
+// ---- Q4_K on row-interleaved groups ----
+//
+// cpu/repack.h: units of one super-block, no head or tail; register k of super-block sb of a group
+// (the 16 rows' dword k, rows 8 half .. 8 half + 7 in the 32 bytes at 32 half) at
+// sb * kQ4KGroupBytes + 64 k. Dword 0 is d | dmin << 16, 1 .. 3 the 12 packed scale bytes, and
+// 4 + 8h + m qs bytes 32h + 4m .. + 4, whose low nibbles are elements 4m .. 4m + 3 of sub-block 2h
+// and high nibbles the same of sub-block 2h + 1. Both paths below make the integer sums of the
+// file layout's kernel exactly, and the same float steps per super-block and token (q45K_tokens:
+// v = isum d - imins dmin, then y = v da, or y + v da), so a token's result does not depend on
+// how many tokens came with it (KernelTable::gemm_interleaved).
+
+constexpr size_t kQ4KGroupBytes = sizeof(block_q4_K) * kGroupRows;
+
+// The scales of an 8-row half of a group's super-block (blk: the super-block + 32 half), 8 rows
+// at once as ggml's get_scale_min_k4: bytes j of sc_lo / mn_lo are scale and min j (j < 4), of
+// sc_hi / mn_hi scale and min 4 + j.
+struct Q4KScales {
+  __m256i sc_lo, sc_hi, mn_lo, mn_hi;
+  __m256 d, dmin;
+  explicit Q4KScales(const uint8_t* blk) {
+    const __m256i z0 = load32(blk), z1 = load32(blk + 64), z2 = load32(blk + 128), z3 = load32(blk + 192);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m63 = _mm256_set1_epi8(63), m30 = _mm256_set1_epi8(0x30);
+    sc_lo = _mm256_and_si256(z1, m63);
+    mn_lo = _mm256_and_si256(z2, m63);
+    sc_hi = _mm256_or_si256(_mm256_and_si256(z3, m4), _mm256_and_si256(_mm256_srli_epi32(z1, 2), m30));
+    mn_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(z3, 4), m4),
+                            _mm256_and_si256(_mm256_srli_epi32(z2, 2), m30));
+    // the 8 d halves, then the 8 dmin halves (packs works per 128-bit lane: vpermq restores the order)
+    const __m256i dd = _mm256_permute4x64_epi64(
+        _mm256_packus_epi32(_mm256_and_si256(z0, _mm256_set1_epi32(0xFFFF)), _mm256_srli_epi32(z0, 16)), 0xD8);
+    d = _mm256_cvtph_ps(_mm256_castsi256_si128(dd));
+    dmin = _mm256_cvtph_ps(_mm256_extracti128_si256(dd, 1));
+  }
+  // scale s as an int16 pair (sc, sc) in each row's lane
+  __m256i scale_pair(int s) const {
+    const __m256i src = s < 4 ? sc_lo : sc_hi;
+    const int b = s % 4;
+    return _mm256_shuffle_epi8(src, _mm256_setr_epi8(b, -1, b, -1, b + 4, -1, b + 4, -1, b + 8, -1, b + 8, -1, b + 12,
+                                                     -1, b + 12, -1, b, -1, b, -1, b + 4, -1, b + 4, -1, b + 8, -1,
+                                                     b + 8, -1, b + 12, -1, b + 12, -1));
+  }
+  // TileQ45K::mins k: int16 pairs (m0, m2), (m1, m3), (m4, m6), (m5, m7)
+  __m256i min_pairs(int k) const {
+    const __m256i src = k < 2 ? mn_lo : mn_hi;
+    return _mm256_and_si256(k % 2 ? _mm256_srli_epi32(src, 8) : src, _mm256_set1_epi32(0x00FF00FF));
+  }
+};
+
+// TileQ45K of super-block sb of a group's half (no transpose: each register is one load).
+void unpack_q4K_group(const uint8_t* group, int64_t sb, int half, TileQ45K& tile) {
+  const uint8_t* blk = group + size_t(sb) * kQ4KGroupBytes + 32 * size_t(half);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 8
+  for (int h = 0; h < 4; ++h)
+#pragma GCC unroll 8
+    for (int m = 0; m < 8; ++m) {
+      const __m256i q = load32(blk + 64 * (4 + 8 * h + m));
+      tile.q[16 * h + m] = _mm256_and_si256(q, m4);
+      tile.q[16 * h + 8 + m] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    }
+  const Q4KScales s(blk);
+  for (int k = 0; k < 8; ++k) tile.sc[k] = s.scale_pair(k);
+  for (int k = 0; k < 4; ++k) tile.mins[k] = s.min_pairs(k);
+  tile.d = s.d;
+  tile.dmin = s.dmin;
+}
+
+// A decode kernel's software prefetch over the contiguous bytes [next, end) of its call's rows:
+// step(p) asks for the lines up to kQ4KAhead past p (p: where the kernel reads now), at most
+// kMaxLines a step, so that the first steps of a call ramp up to the distance instead of asking
+// for it all at once, and nothing past the call's rows (another thread's) is asked for.
+constexpr size_t kQ4KAhead = 16384;
+struct StreamAhead {
+  static constexpr int kMaxLines = 72;
+  uintptr_t next, end;
+  StreamAhead(const void* from, const void* to)
+      : next(reinterpret_cast<uintptr_t>(from) & ~uintptr_t(63)), end(reinterpret_cast<uintptr_t>(to)) {}
+  void step(const void* p) {
+    const uintptr_t target = std::min(end, reinterpret_cast<uintptr_t>(p) + kQ4KAhead);
+    for (int i = 0; i < kMaxLines && next < target; ++i, next += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(next), _MM_HINT_T0);
+  }
+};
+
+// Decode (one token) on a group: both halves straight from the loads (no tile in memory), a
+// sub-block's 8 pair sums in int16 as in q45K_tokens (any order: the sum fits, and int16
+// addition wraps), the group's stream asked for kDecodeAhead ahead.
+void gemv_q4K_group(int64_t nsb, const uint8_t* group, const uint8_t* a, const int32_t* pairs, float* y,
+                    StreamAhead& pf) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* blk = group + size_t(sb) * kQ4KGroupBytes;
+    pf.step(blk);
+    const uint8_t* aq = a + size_t(sb) * sizeof(block_q8_K) + kQ8KQs;
+    __m256i sumi[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 4
+    for (int h = 0; h < 4; ++h) {
+      __m256i lo[2], hi[2];
+#pragma GCC unroll 8
+      for (int m = 0; m < 8; ++m) {
+        const __m256i xl = bcast4(aq + 64 * h + 4 * m), xh = bcast4(aq + 64 * h + 32 + 4 * m);
+        for (int half = 0; half < 2; ++half) {
+          const __m256i q = load32(blk + 64 * (4 + 8 * h + m) + 32 * half);
+          const __m256i pl = _mm256_maddubs_epi16(_mm256_and_si256(q, m4), xl);
+          const __m256i ph = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), xh);
+          // in order, in registers (opaque: GCC's reassociated tree spilled half of them)
+          lo[half] = opaque(m == 0 ? pl : _mm256_add_epi16(lo[half], pl));
+          hi[half] = opaque(m == 0 ? ph : _mm256_add_epi16(hi[half], ph));
+        }
+      }
+      for (int half = 0; half < 2; ++half) {
+        const Q4KScales s(blk + 32 * half);
+        sumi[half] = _mm256_add_epi32(sumi[half], _mm256_add_epi32(_mm256_madd_epi16(lo[half], s.scale_pair(2 * h)),
+                                                                   _mm256_madd_epi16(hi[half], s.scale_pair(2 * h + 1))));
+      }
+    }
+    const int32_t* p = pairs + 4 * size_t(sb);
+    float da;
+    std::memcpy(&da, a + size_t(sb) * sizeof(block_q8_K) + offsetof(block_q8_K, d), 4);
+    for (int half = 0; half < 2; ++half) {
+      const Q4KScales s(blk + 32 * half);
+      __m256i mins = _mm256_setzero_si256();
+      for (int k = 0; k < 4; ++k) mins = _mm256_add_epi32(mins, _mm256_madd_epi16(s.min_pairs(k), _mm256_set1_epi32(p[k])));
+      const __m256 v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(sumi[half]), s.d, _mm256_mul_ps(_mm256_cvtepi32_ps(mins), s.dmin));
+      acc[half] = sb == 0 ? _mm256_mul_ps(v, _mm256_set1_ps(da)) : _mm256_fmadd_ps(v, _mm256_set1_ps(da), acc[half]);
+    }
+  }
+  _mm256_storeu_ps(y, acc[0]);
+  _mm256_storeu_ps(y + kRows, acc[1]);
+}
+
+// Interleaved Q4_K: w the first group, n_rows a multiple of 16. One token to gemv_q4K_group, more
+// to q45K_tokens over tiles unpacked from the group (each half in turn).
+void gemm_q4K_interleaved(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
+                          int64_t n_tok, float* y, int64_t ldy) {
+  const int64_t nsb = n / QK_K;
+  const auto* ab = static_cast<const uint8_t*>(a);
+  thread_local std::vector<int32_t> pairs;
+  bsum_pairs(ab, a_stride, n_tok, nsb, pairs);
+  StreamAhead pf(w, static_cast<const uint8_t*>(w) + size_t(n_rows) * w_stride);
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kGroupRows) {
+    const uint8_t* group = static_cast<const uint8_t*>(w) + size_t(r0) * w_stride;
+    if (n_tok == 1) {
+      gemv_q4K_group(nsb, group, ab, pairs.data(), y + r0, pf);
+      continue;
+    }
+    alignas(32) TileQ45K tile;
+    for (int half = 0; half < 2; ++half) {
+      const RowTile rt = row_tile(w, w_stride, r0 + kRows * half, n_rows);
+      for (int64_t sb = 0; sb < nsb; ++sb) {
+        const char* pf = reinterpret_cast<const char*>(group + size_t(sb + 1) * kQ4KGroupBytes + 32 * half);
+        for (size_t o = 0; o < kQ4KGroupBytes; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
+        unpack_q4K_group(group, sb, half, tile);
+        for_token_blocks(n_tok, [&](auto T, int64_t t0) {
+          q45K_tokens<decltype(T)::value, 8>(tile, ab + size_t(t0) * a_stride + size_t(sb) * sizeof(block_q8_K),
+                                             a_stride, pairs.data() + size_t(t0 * nsb + sb) * 4, size_t(nsb) * 4,
+                                             y + t0 * ldy + r0 + kRows * half, ldy, rt, sb == 0);
+        });
+      }
+    }
+  }
+}
+
 // ---- F32, F16, BF16 against float activations ----
 //
 // A chunk of up to kFloatChunk elements of the 8 rows widened to floats and transposed into L1
@@ -861,6 +1025,7 @@ void add_avx2_gemm(GemmFn* gemm) {
 }
 
 void add_avx2_gemm_interleaved(GemmFn* gemm) {
+  gemm[size_t(GgmlType::q4_k)] = gemm_q4K_interleaved;
   gemm[size_t(GgmlType::q8_0)] = gemm_32<Q8_0Fmt, true>;
   gemm[size_t(GgmlType::q4_0)] = gemm_32<Q4_0Fmt, true>;
   gemm[size_t(GgmlType::iq4_nl)] = gemm_32<Iq4NlFmt, true>;
