@@ -363,10 +363,10 @@ TEST(GemmKernels, InterleavedMatchReference) {
     }
   });
   if (cpu::isa_supported(CpuIsa::avx512)) {
-    EXPECT_GE(kernels, 5 + 9) << "AVX2 has Q8_0, Q4_0, IQ4_NL, MXFP4 and Q4_K interleaved kernels; AVX-512 Q4_K, Q5_K, "
-                                 "Q6_K, BF16, F32 and the four 32-element formats";
+    EXPECT_GE(kernels, 6 + 9) << "AVX2 has Q8_0, Q4_0, IQ4_NL, MXFP4, Q4_K and Q5_K interleaved kernels; AVX-512 Q4_K, "
+                                 "Q5_K, Q6_K, BF16, F32 and the four 32-element formats";
   } else if (cpu::isa_supported(CpuIsa::avx2)) {
-    EXPECT_GE(kernels, 5) << "AVX2 has Q8_0, Q4_0, IQ4_NL, MXFP4 and Q4_K interleaved kernels";
+    EXPECT_GE(kernels, 6) << "AVX2 has Q8_0, Q4_0, IQ4_NL, MXFP4, Q4_K and Q5_K interleaved kernels";
   }
 }
 

@@ -1,7 +1,7 @@
 // AVX2 + FMA + F16C tile kernels (kernels.h GemmFn): Q4_K, Q5_K and Q6_K against Q8_K
 // activations, Q8_0, Q4_0, IQ4_NL and MXFP4 against Q8_0 (the 32-element formats), F32, F16 and
-// BF16 against floats (further down); the 32-element formats and Q4_K also on row-interleaved
-// groups (KernelTable::gemm_interleaved, decode included). Other types (Q5_0) fall back to
+// BF16 against floats (further down); the 32-element formats, Q4_K and Q5_K also on
+// row-interleaved groups (KernelTable::gemm_interleaved, decode included). Other types (Q5_0) fall back to
 // KernelTable::gemm_tile's loop over the AVX2 vec_dot.
 //
 // Scheme (as in ../avx512/gemm_avx512.cpp, at half the width and without VNNI). The weight rows
@@ -749,18 +749,39 @@ void gemm_32(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const vo
   }
 }
 
-// ---- Q4_K on row-interleaved groups ----
+// ---- Q4_K / Q5_K on row-interleaved groups ----
 //
 // cpu/repack.h: units of one super-block, no head or tail; register k of super-block sb of a group
 // (the 16 rows' dword k, rows 8 half .. 8 half + 7 in the 32 bytes at 32 half) at
-// sb * kQ4KGroupBytes + 64 k. Dword 0 is d | dmin << 16, 1 .. 3 the 12 packed scale bytes, and
-// 4 + 8h + m qs bytes 32h + 4m .. + 4, whose low nibbles are elements 4m .. 4m + 3 of sub-block 2h
-// and high nibbles the same of sub-block 2h + 1. Both paths below make the integer sums of the
-// file layout's kernel exactly, and the same float steps per super-block and token (q45K_tokens:
-// v = isum d - imins dmin, then y = v da, or y + v da), so a token's result does not depend on
-// how many tokens came with it (KernelTable::gemm_interleaved).
+// sb * 16 sizeof(Block) + 64 k. Dword 0 is d | dmin << 16, 1 .. 3 the 12 packed scale bytes; Q5_K's
+// 4 .. 11 its qh; then (from Q45KRegs::kQs) register kQs + 8h + m holds qs bytes 32h + 4m .. + 4,
+// whose low nibbles are elements 4m .. 4m + 3 of sub-block 2h and high nibbles the same of sub-block
+// 2h + 1 (Q5_K: their fifth bits are bits 2h and 2h + 1 of qh register 4 + m). Both paths below make
+// the integer sums of the file layout's kernel exactly, and the same float steps per super-block and
+// token (q45K_tokens: v = isum d - imins dmin, then y = v da, or y + v da), so a token's result does
+// not depend on how many tokens came with it (KernelTable::gemm_interleaved).
 
-constexpr size_t kQ4KGroupBytes = sizeof(block_q4_K) * kGroupRows;
+template <class Block>
+struct Q45KRegs {
+  static constexpr bool kQ5 = std::is_same_v<Block, block_q5_K>;
+  static constexpr size_t kGroupBytes = sizeof(Block) * kGroupRows;
+  static constexpr int kQs = kQ5 ? 12 : 4;
+  // a sub-block's groups summed in int16 G at a time (q45K_tokens)
+  static constexpr int G = kQ5 ? 4 : 8;
+  // the quants of position (h, m) of a half's super-block at hb: sub-block 2h's in lo, 2h + 1's in hi
+  static void quants(const uint8_t* hb, int h, int m, __m256i& lo, __m256i& hi) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i q = load32(hb + 64 * (kQs + 8 * h + m));
+    lo = _mm256_and_si256(q, m4);
+    hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    if constexpr (kQ5) {
+      // bit 2h (2h + 1) of each qh byte to bit 4
+      const __m256i qh = load32(hb + 64 * (4 + m)), m16 = _mm256_set1_epi8(0x10);
+      lo = _mm256_or_si256(lo, _mm256_and_si256(h < 2 ? _mm256_slli_epi32(qh, 4 - 2 * h) : _mm256_srli_epi32(qh, 2 * h - 4), m16));
+      hi = _mm256_or_si256(hi, _mm256_and_si256(h < 2 ? _mm256_slli_epi32(qh, 3 - 2 * h) : _mm256_srli_epi32(qh, 2 * h - 3), m16));
+    }
+  }
+};
 
 // The scales of an 8-row half of a group's super-block (blk: the super-block + 32 half), 8 rows
 // at once as ggml's get_scale_min_k4: bytes j of sc_lo / mn_lo are scale and min j (j < 4), of
@@ -797,18 +818,15 @@ struct Q4KScales {
   }
 };
 
-// TileQ45K of super-block sb of a group's half (no transpose: each register is one load).
-void unpack_q4K_group(const uint8_t* group, int64_t sb, int half, TileQ45K& tile) {
-  const uint8_t* blk = group + size_t(sb) * kQ4KGroupBytes + 32 * size_t(half);
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
+// TileQ45K of super-block sb of a group's half (no transpose: each register is one or two loads).
+template <class Block>
+void unpack_q45K_group(const uint8_t* group, int64_t sb, int half, TileQ45K& tile) {
+  using R = Q45KRegs<Block>;
+  const uint8_t* blk = group + size_t(sb) * R::kGroupBytes + 32 * size_t(half);
 #pragma GCC unroll 8
   for (int h = 0; h < 4; ++h)
 #pragma GCC unroll 8
-    for (int m = 0; m < 8; ++m) {
-      const __m256i q = load32(blk + 64 * (4 + 8 * h + m));
-      tile.q[16 * h + m] = _mm256_and_si256(q, m4);
-      tile.q[16 * h + 8 + m] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-    }
+    for (int m = 0; m < 8; ++m) R::quants(blk, h, m, tile.q[16 * h + m], tile.q[16 * h + 8 + m]);
   const Q4KScales s(blk);
   for (int k = 0; k < 8; ++k) tile.sc[k] = s.scale_pair(k);
   for (int k = 0; k < 4; ++k) tile.mins[k] = s.min_pairs(k);
@@ -834,14 +852,15 @@ struct StreamAhead {
 };
 
 // Decode (one token) on a group: both halves straight from the loads (no tile in memory), a
-// sub-block's 8 pair sums in int16 as in q45K_tokens (any order: the sum fits, and int16
-// addition wraps), the group's stream asked for kDecodeAhead ahead.
-void gemv_q4K_group(int64_t nsb, const uint8_t* group, const uint8_t* a, const int32_t* pairs, float* y,
-                    StreamAhead& pf) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
+// sub-block's pair sums in int16 G groups at a time as in q45K_tokens (any order: the sum fits,
+// and int16 addition wraps), the group's stream asked for kQ4KAhead ahead.
+template <class Block>
+void gemv_q45K_group(int64_t nsb, const uint8_t* group, const uint8_t* a, const int32_t* pairs, float* y,
+                     StreamAhead& pf) {
+  using R = Q45KRegs<Block>;
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t sb = 0; sb < nsb; ++sb) {
-    const uint8_t* blk = group + size_t(sb) * kQ4KGroupBytes;
+    const uint8_t* blk = group + size_t(sb) * R::kGroupBytes;
     pf.step(blk);
     const uint8_t* aq = a + size_t(sb) * sizeof(block_q8_K) + kQ8KQs;
     __m256i sumi[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
@@ -852,18 +871,19 @@ void gemv_q4K_group(int64_t nsb, const uint8_t* group, const uint8_t* a, const i
       for (int m = 0; m < 8; ++m) {
         const __m256i xl = bcast4(aq + 64 * h + 4 * m), xh = bcast4(aq + 64 * h + 32 + 4 * m);
         for (int half = 0; half < 2; ++half) {
-          const __m256i q = load32(blk + 64 * (4 + 8 * h + m) + 32 * half);
-          const __m256i pl = _mm256_maddubs_epi16(_mm256_and_si256(q, m4), xl);
-          const __m256i ph = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), xh);
+          __m256i ql, qu;
+          R::quants(blk + 32 * half, h, m, ql, qu);
+          const __m256i pl = _mm256_maddubs_epi16(ql, xl), ph = _mm256_maddubs_epi16(qu, xh);
           // in order, in registers (opaque: GCC's reassociated tree spilled half of them)
-          lo[half] = opaque(m == 0 ? pl : _mm256_add_epi16(lo[half], pl));
-          hi[half] = opaque(m == 0 ? ph : _mm256_add_epi16(hi[half], ph));
+          lo[half] = opaque(m % R::G == 0 ? pl : _mm256_add_epi16(lo[half], pl));
+          hi[half] = opaque(m % R::G == 0 ? ph : _mm256_add_epi16(hi[half], ph));
         }
-      }
-      for (int half = 0; half < 2; ++half) {
-        const Q4KScales s(blk + 32 * half);
-        sumi[half] = _mm256_add_epi32(sumi[half], _mm256_add_epi32(_mm256_madd_epi16(lo[half], s.scale_pair(2 * h)),
-                                                                   _mm256_madd_epi16(hi[half], s.scale_pair(2 * h + 1))));
+        if (m % R::G == R::G - 1)
+          for (int half = 0; half < 2; ++half) {
+            const Q4KScales s(blk + 32 * half);
+            sumi[half] = _mm256_add_epi32(sumi[half], _mm256_add_epi32(_mm256_madd_epi16(lo[half], s.scale_pair(2 * h)),
+                                                                       _mm256_madd_epi16(hi[half], s.scale_pair(2 * h + 1))));
+          }
       }
     }
     const int32_t* p = pairs + 4 * size_t(sb);
@@ -884,13 +904,13 @@ void gemv_q4K_group(int64_t nsb, const uint8_t* group, const uint8_t* a, const i
 // Two to four tokens (a speculative verification's) on a group's half: the decode kernel's loads
 // and nibble splits shared by the tokens, each with its own sums (through the tiles, two tokens
 // cost 1.3x the file layout's vec_dot_tokens, four 1.1x; this way 1.0x and 0.8x).
-template <int T>
-void gemv_q4K_half_tokens(int64_t nsb, const uint8_t* group, int half, const uint8_t* a, size_t a_stride,
-                          const int32_t* pairs, size_t pairs_stride, float* y, int64_t ldy, StreamAhead& pf) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
+template <class Block, int T>
+void gemv_q45K_half_tokens(int64_t nsb, const uint8_t* group, int half, const uint8_t* a, size_t a_stride,
+                           const int32_t* pairs, size_t pairs_stride, float* y, int64_t ldy, StreamAhead& pf) {
+  using R = Q45KRegs<Block>;
   __m256 acc[T];
   for (int64_t sb = 0; sb < nsb; ++sb) {
-    const uint8_t* blk = group + size_t(sb) * kQ4KGroupBytes;
+    const uint8_t* blk = group + size_t(sb) * R::kGroupBytes;
     pf.step(blk);
     const uint8_t* hb = blk + 32 * size_t(half);
     const uint8_t* aq[T];
@@ -902,19 +922,21 @@ void gemv_q4K_half_tokens(int64_t nsb, const uint8_t* group, int half, const uin
       __m256i lo[T], hi[T];
 #pragma GCC unroll 8
       for (int m = 0; m < 8; ++m) {
-        const __m256i q = load32(hb + 64 * (4 + 8 * h + m));
-        const __m256i l = _mm256_and_si256(q, m4), u = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        __m256i l, u;
+        R::quants(hb, h, m, l, u);
         for (int t = 0; t < T; ++t) {
           const __m256i pl = _mm256_maddubs_epi16(l, bcast4(aq[t] + 64 * h + 4 * m));
           const __m256i ph = _mm256_maddubs_epi16(u, bcast4(aq[t] + 64 * h + 32 + 4 * m));
-          lo[t] = opaque(m == 0 ? pl : _mm256_add_epi16(lo[t], pl));
-          hi[t] = opaque(m == 0 ? ph : _mm256_add_epi16(hi[t], ph));
+          lo[t] = opaque(m % R::G == 0 ? pl : _mm256_add_epi16(lo[t], pl));
+          hi[t] = opaque(m % R::G == 0 ? ph : _mm256_add_epi16(hi[t], ph));
+        }
+        if (m % R::G == R::G - 1) {
+          const Q4KScales s(hb);
+          const __m256i sa = s.scale_pair(2 * h), sh = s.scale_pair(2 * h + 1);
+          for (int t = 0; t < T; ++t)
+            sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(_mm256_madd_epi16(lo[t], sa), _mm256_madd_epi16(hi[t], sh)));
         }
       }
-      const Q4KScales s(hb);
-      const __m256i sa = s.scale_pair(2 * h), sh = s.scale_pair(2 * h + 1);
-      for (int t = 0; t < T; ++t)
-        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(_mm256_madd_epi16(lo[t], sa), _mm256_madd_epi16(hi[t], sh)));
     }
     const Q4KScales s(hb);
     for (int t = 0; t < T; ++t) {
@@ -930,11 +952,13 @@ void gemv_q4K_half_tokens(int64_t nsb, const uint8_t* group, int half, const uin
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(y + t * ldy, acc[t]);
 }
 
-// Interleaved Q4_K: w the first group, n_rows a multiple of 16. One token to gemv_q4K_group, two
-// to four to gemv_q4K_half_tokens, more to q45K_tokens over tiles unpacked from the group (each
-// half in turn).
-void gemm_q4K_interleaved(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
-                          int64_t n_tok, float* y, int64_t ldy) {
+// Interleaved Q4_K / Q5_K: w the first group, n_rows a multiple of 16. One token to
+// gemv_q45K_group, two to four to gemv_q45K_half_tokens, more to q45K_tokens over tiles unpacked
+// from the group (each half in turn).
+template <class Block>
+void gemm_q45K_interleaved(int64_t n, const void* w, size_t w_stride, int64_t n_rows, const void* a, size_t a_stride,
+                           int64_t n_tok, float* y, int64_t ldy) {
+  using R = Q45KRegs<Block>;
   const int64_t nsb = n / QK_K;
   const auto* ab = static_cast<const uint8_t*>(a);
   thread_local std::vector<int32_t> pairs;
@@ -943,15 +967,16 @@ void gemm_q4K_interleaved(int64_t n, const void* w, size_t w_stride, int64_t n_r
   for (int64_t r0 = 0; r0 < n_rows; r0 += kGroupRows) {
     const uint8_t* group = static_cast<const uint8_t*>(w) + size_t(r0) * w_stride;
     if (n_tok == 1) {
-      gemv_q4K_group(nsb, group, ab, pairs.data(), y + r0, pf);
+      gemv_q45K_group<Block>(nsb, group, ab, pairs.data(), y + r0, pf);
       continue;
     }
     if (n_tok <= 4) {
+      const size_t ps = size_t(nsb) * 4;
       for (int half = 0; half < 2; ++half) {
         float* yh = y + r0 + kRows * half;
-        if (n_tok == 2) gemv_q4K_half_tokens<2>(nsb, group, half, ab, a_stride, pairs.data(), size_t(nsb) * 4, yh, ldy, pf);
-        else if (n_tok == 3) gemv_q4K_half_tokens<3>(nsb, group, half, ab, a_stride, pairs.data(), size_t(nsb) * 4, yh, ldy, pf);
-        else gemv_q4K_half_tokens<4>(nsb, group, half, ab, a_stride, pairs.data(), size_t(nsb) * 4, yh, ldy, pf);
+        if (n_tok == 2) gemv_q45K_half_tokens<Block, 2>(nsb, group, half, ab, a_stride, pairs.data(), ps, yh, ldy, pf);
+        else if (n_tok == 3) gemv_q45K_half_tokens<Block, 3>(nsb, group, half, ab, a_stride, pairs.data(), ps, yh, ldy, pf);
+        else gemv_q45K_half_tokens<Block, 4>(nsb, group, half, ab, a_stride, pairs.data(), ps, yh, ldy, pf);
       }
       continue;
     }
@@ -959,13 +984,13 @@ void gemm_q4K_interleaved(int64_t n, const void* w, size_t w_stride, int64_t n_r
     for (int half = 0; half < 2; ++half) {
       const RowTile rt = row_tile(w, w_stride, r0 + kRows * half, n_rows);
       for (int64_t sb = 0; sb < nsb; ++sb) {
-        const char* pf = reinterpret_cast<const char*>(group + size_t(sb + 1) * kQ4KGroupBytes + 32 * half);
-        for (size_t o = 0; o < kQ4KGroupBytes; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
-        unpack_q4K_group(group, sb, half, tile);
+        const char* next = reinterpret_cast<const char*>(group + size_t(sb + 1) * R::kGroupBytes + 32 * half);
+        for (size_t o = 0; o < R::kGroupBytes; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
+        unpack_q45K_group<Block>(group, sb, half, tile);
         for_token_blocks(n_tok, [&](auto T, int64_t t0) {
-          q45K_tokens<decltype(T)::value, 8>(tile, ab + size_t(t0) * a_stride + size_t(sb) * sizeof(block_q8_K),
-                                             a_stride, pairs.data() + size_t(t0 * nsb + sb) * 4, size_t(nsb) * 4,
-                                             y + t0 * ldy + r0 + kRows * half, ldy, rt, sb == 0);
+          q45K_tokens<decltype(T)::value, R::G>(tile, ab + size_t(t0) * a_stride + size_t(sb) * sizeof(block_q8_K),
+                                                a_stride, pairs.data() + size_t(t0 * nsb + sb) * 4, size_t(nsb) * 4,
+                                                y + t0 * ldy + r0 + kRows * half, ldy, rt, sb == 0);
         });
       }
     }
@@ -1084,7 +1109,8 @@ void add_avx2_gemm(GemmFn* gemm) {
 }
 
 void add_avx2_gemm_interleaved(GemmFn* gemm) {
-  gemm[size_t(GgmlType::q4_k)] = gemm_q4K_interleaved;
+  gemm[size_t(GgmlType::q4_k)] = gemm_q45K_interleaved<block_q4_K>;
+  gemm[size_t(GgmlType::q5_k)] = gemm_q45K_interleaved<block_q5_K>;
   gemm[size_t(GgmlType::q8_0)] = gemm_32<Q8_0Fmt, true>;
   gemm[size_t(GgmlType::q4_0)] = gemm_32<Q4_0Fmt, true>;
   gemm[size_t(GgmlType::iq4_nl)] = gemm_32<Iq4NlFmt, true>;
