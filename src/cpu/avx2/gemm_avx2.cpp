@@ -1,8 +1,8 @@
 // AVX2 + FMA + F16C tile kernels (kernels.h GemmFn): Q4_K, Q5_K and Q6_K against Q8_K
 // activations, Q8_0, Q4_0, IQ4_NL and MXFP4 against Q8_0 (the 32-element formats), F32, F16 and
 // BF16 against floats (further down); the 32-element formats, Q4_K and Q5_K also on
-// row-interleaved groups (KernelTable::gemm_interleaved, decode included). Other types (Q5_0) fall back to
-// KernelTable::gemm_tile's loop over the AVX2 vec_dot.
+// row-interleaved groups (KernelTable::gemm_interleaved, decode included). Other types (Q5_0)
+// fall back to KernelTable::gemm_tile's loop over the AVX2 vec_dot.
 //
 // Scheme (as in ../avx512/gemm_avx512.cpp, at half the width and without VNNI). The weight rows
 // are taken 8 at a time (one int32 lane each). For each super-block the 8 rows' quants are
@@ -777,8 +777,10 @@ struct Q45KRegs {
     if constexpr (kQ5) {
       // bit 2h (2h + 1) of each qh byte to bit 4
       const __m256i qh = load32(hb + 64 * (4 + m)), m16 = _mm256_set1_epi8(0x10);
-      lo = _mm256_or_si256(lo, _mm256_and_si256(h < 2 ? _mm256_slli_epi32(qh, 4 - 2 * h) : _mm256_srli_epi32(qh, 2 * h - 4), m16));
-      hi = _mm256_or_si256(hi, _mm256_and_si256(h < 2 ? _mm256_slli_epi32(qh, 3 - 2 * h) : _mm256_srli_epi32(qh, 2 * h - 3), m16));
+      lo = _mm256_or_si256(
+          lo, _mm256_and_si256(h < 2 ? _mm256_slli_epi32(qh, 4 - 2 * h) : _mm256_srli_epi32(qh, 2 * h - 4), m16));
+      hi = _mm256_or_si256(
+          hi, _mm256_and_si256(h < 2 ? _mm256_slli_epi32(qh, 3 - 2 * h) : _mm256_srli_epi32(qh, 2 * h - 3), m16));
     }
   }
 };
@@ -881,8 +883,9 @@ void gemv_q45K_group(int64_t nsb, const uint8_t* group, const uint8_t* a, const 
         if (m % R::G == R::G - 1)
           for (int half = 0; half < 2; ++half) {
             const Q4KScales s(blk + 32 * half);
-            sumi[half] = _mm256_add_epi32(sumi[half], _mm256_add_epi32(_mm256_madd_epi16(lo[half], s.scale_pair(2 * h)),
-                                                                       _mm256_madd_epi16(hi[half], s.scale_pair(2 * h + 1))));
+            sumi[half] = _mm256_add_epi32(
+                sumi[half], _mm256_add_epi32(_mm256_madd_epi16(lo[half], s.scale_pair(2 * h)),
+                                             _mm256_madd_epi16(hi[half], s.scale_pair(2 * h + 1))));
           }
       }
     }
@@ -892,8 +895,10 @@ void gemv_q45K_group(int64_t nsb, const uint8_t* group, const uint8_t* a, const 
     for (int half = 0; half < 2; ++half) {
       const Q4KScales s(blk + 32 * half);
       __m256i mins = _mm256_setzero_si256();
-      for (int k = 0; k < 4; ++k) mins = _mm256_add_epi32(mins, _mm256_madd_epi16(s.min_pairs(k), _mm256_set1_epi32(p[k])));
-      const __m256 v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(sumi[half]), s.d, _mm256_mul_ps(_mm256_cvtepi32_ps(mins), s.dmin));
+      for (int k = 0; k < 4; ++k)
+        mins = _mm256_add_epi32(mins, _mm256_madd_epi16(s.min_pairs(k), _mm256_set1_epi32(p[k])));
+      const __m256 v =
+          _mm256_fmsub_ps(_mm256_cvtepi32_ps(sumi[half]), s.d, _mm256_mul_ps(_mm256_cvtepi32_ps(mins), s.dmin));
       acc[half] = sb == 0 ? _mm256_mul_ps(v, _mm256_set1_ps(da)) : _mm256_fmadd_ps(v, _mm256_set1_ps(da), acc[half]);
     }
   }
@@ -934,7 +939,8 @@ void gemv_q45K_half_tokens(int64_t nsb, const uint8_t* group, int half, const ui
           const Q4KScales s(hb);
           const __m256i sa = s.scale_pair(2 * h), sh = s.scale_pair(2 * h + 1);
           for (int t = 0; t < T; ++t)
-            sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(_mm256_madd_epi16(lo[t], sa), _mm256_madd_epi16(hi[t], sh)));
+            sumi[t] = _mm256_add_epi32(sumi[t],
+                                       _mm256_add_epi32(_mm256_madd_epi16(lo[t], sa), _mm256_madd_epi16(hi[t], sh)));
         }
       }
     }
@@ -942,8 +948,10 @@ void gemv_q45K_half_tokens(int64_t nsb, const uint8_t* group, int half, const ui
     for (int t = 0; t < T; ++t) {
       const int32_t* p = pairs + size_t(t) * pairs_stride + 4 * size_t(sb);
       __m256i mins = _mm256_setzero_si256();
-      for (int k = 0; k < 4; ++k) mins = _mm256_add_epi32(mins, _mm256_madd_epi16(s.min_pairs(k), _mm256_set1_epi32(p[k])));
-      const __m256 v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(sumi[t]), s.d, _mm256_mul_ps(_mm256_cvtepi32_ps(mins), s.dmin));
+      for (int k = 0; k < 4; ++k)
+        mins = _mm256_add_epi32(mins, _mm256_madd_epi16(s.min_pairs(k), _mm256_set1_epi32(p[k])));
+      const __m256 v =
+          _mm256_fmsub_ps(_mm256_cvtepi32_ps(sumi[t]), s.d, _mm256_mul_ps(_mm256_cvtepi32_ps(mins), s.dmin));
       float da;
       std::memcpy(&da, aq[t] - kQ8KQs + offsetof(block_q8_K, d), 4);
       acc[t] = sb == 0 ? _mm256_mul_ps(v, _mm256_set1_ps(da)) : _mm256_fmadd_ps(v, _mm256_set1_ps(da), acc[t]);
@@ -974,9 +982,10 @@ void gemm_q45K_interleaved(int64_t n, const void* w, size_t w_stride, int64_t n_
       const size_t ps = size_t(nsb) * 4;
       for (int half = 0; half < 2; ++half) {
         float* yh = y + r0 + kRows * half;
-        if (n_tok == 2) gemv_q45K_half_tokens<Block, 2>(nsb, group, half, ab, a_stride, pairs.data(), ps, yh, ldy, pf);
-        else if (n_tok == 3) gemv_q45K_half_tokens<Block, 3>(nsb, group, half, ab, a_stride, pairs.data(), ps, yh, ldy, pf);
-        else gemv_q45K_half_tokens<Block, 4>(nsb, group, half, ab, a_stride, pairs.data(), ps, yh, ldy, pf);
+        const int32_t* p = pairs.data();
+        if (n_tok == 2) gemv_q45K_half_tokens<Block, 2>(nsb, group, half, ab, a_stride, p, ps, yh, ldy, pf);
+        else if (n_tok == 3) gemv_q45K_half_tokens<Block, 3>(nsb, group, half, ab, a_stride, p, ps, yh, ldy, pf);
+        else gemv_q45K_half_tokens<Block, 4>(nsb, group, half, ab, a_stride, p, ps, yh, ldy, pf);
       }
       continue;
     }
