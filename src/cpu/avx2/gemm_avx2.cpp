@@ -914,6 +914,7 @@ void gemv_q45K_half_tokens(int64_t nsb, const uint8_t* group, int half, const ui
                            const int32_t* pairs, size_t pairs_stride, float* y, int64_t ldy, StreamAhead& pf) {
   using R = Q45KRegs<Block>;
   __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* blk = group + size_t(sb) * R::kGroupBytes;
     pf.step(blk);
