@@ -6,7 +6,8 @@
 // accumulators: each widened key vector feeds 4 rows), read straight from the cache entries
 // (f16: F16C); the block's softmax step; then the output tiles of 4 rows by 16 value columns
 // accumulated over the block's keys, value rows widened as they are read.
-// q8_0: 8 rows a pass, keys and values in integers (rows_block_q8 below).
+// q8_0: 8 rows a pass over two key blocks at a time, keys and values in integers (rows_block_q8
+// below).
 // Nothing is widened into memory, and the block's scores ([rows][32]) stay in L1.
 // The first pass over a block paces the prefetches (simd_common.h PacedPrefetch): its scores
 // loops bring in the block's value rows, its value loops the next key block.
@@ -42,13 +43,15 @@ constexpr size_t entry_bytes() {
   return T == KvType::f32 ? 4 : 2;
 }
 
-// The largest of a block's scores sr[0 .. 32) over keys [lo, hi); the others set to -inf, so that
-// the block's weights exp(s - max) are 0 there without a branch.
+// The largest of a step's scores sr[0 .. NB) over keys [lo, hi); the others set to -inf, so that
+// the step's weights exp(s - max) are 0 there without a branch.
+template <int64_t NB = kAttendBlock>
 inline float live_max(float* sr, int64_t lo, int64_t hi) {
   std::fill(sr, sr + lo, -INFINITY);
-  std::fill(sr + hi, sr + kAttendBlock, -INFINITY);
-  return hmax(_mm256_max_ps(_mm256_max_ps(_mm256_loadu_ps(sr), _mm256_loadu_ps(sr + 8)),
-                            _mm256_max_ps(_mm256_loadu_ps(sr + 16), _mm256_loadu_ps(sr + 24))));
+  std::fill(sr + hi, sr + NB, -INFINITY);
+  __m256 m = _mm256_max_ps(_mm256_loadu_ps(sr), _mm256_loadu_ps(sr + 8));
+  for (int64_t j = 16; j < NB; j += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(sr + j));
+  return hmax(m);
 }
 
 // ---- q8_0 entries in integers, 8 rows a pass ----
@@ -105,10 +108,10 @@ struct QueryQ8T {
   }
 };
 
-// s[r][0 .. 32) = q_r . K_j for rows r0 .. r0 + R of the query and the 32 keys of a q8_0 key
-// block; pf.step() dk times.
+// s[r * lds + 0 .. 32) = q_r . K_j for rows r0 .. r0 + R of the query and the 32 keys of a q8_0
+// key block; pf.step() dk times.
 template <int R>
-void scores_block_q8(const QueryQ8View& qq, const QueryQ8T& qt, int r0, const uint8_t* blk, float* s,
+void scores_block_q8(const QueryQ8View& qq, const QueryQ8T& qt, int r0, const uint8_t* blk, float* s, int64_t lds,
                      PacedPrefetch& pf) {
   const int64_t dk = qq.dk, ng = dk / 32;
   const uint8_t* scales = blk + dk * kAttendBlock;  // halves [dk / 32][32]
@@ -131,7 +134,7 @@ void scores_block_q8(const QueryQ8View& qq, const QueryQ8T& qt, int r0, const ui
       }
       const __m256 ks = _mm256_cvtph_ps(load16(scales + size_t(g * kAttendBlock + c8) * 2));
       for (int r = 0; r < R; ++r) {
-        float* sr = s + r * kAttendBlock + c8;
+        float* sr = s + r * lds + c8;
         const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_mul_ps(ks, _mm256_set1_ps(qq.d[(r0 + r) * ng + g])));
         _mm256_storeu_ps(sr, g == 0 ? t : _mm256_add_ps(_mm256_loadu_ps(sr), t));
       }
@@ -140,14 +143,14 @@ void scores_block_q8(const QueryQ8View& qq, const QueryQ8T& qt, int r0, const ui
 }
 
 // o[r][32 b .. 32 b + 32) = o[r][..] corr[r] + scale[r] sum over keys j in [j_lo, hi) of w[r][j] v_j
-// (value block b): wp [R][16] dwords, wp[r][i] the int16 weights of row r for keys 2i and 2i + 1
-// (0 outside the block's range), value rows at v (row_stride bytes apart), j_lo even. One
+// (value block b): wp [R][WS] dwords, wp[r][i] the int16 weights of row r for keys 2i and 2i + 1
+// (0 outside the range), value rows at v (row_stride bytes apart), j_lo even. One
 // loop with no tail: an odd last key pairs with the row after it at weight 0 (AttendArgs::v).
 // Up to 4 rows by 16 columns at a time (values_q8_rows): each row's weight pair, broadcast once,
 // meets two column vectors, so a key pair costs 6 loads for 8 vpmaddwd where 8 rows by 8 columns
 // cost 10 (loads, not the multiplies, bounded that loop: 5% of the kernel's time a key on Zen 3).
 // Out of line, as the AVX-512 kernel's (inlined there, GCC 12 spilled its accumulators).
-template <int R>
+template <int R, int WS>
 inline void values_q8_rows(const int32_t* wp, const float* corr, const float* scale, int64_t j_lo, int64_t hi,
                            const uint8_t* qs, size_t row_stride, float* o, int64_t dv, PacedPrefetch& pf) {
   static_assert(R >= 1 && R <= 4);
@@ -164,7 +167,7 @@ inline void values_q8_rows(const int32_t* wp, const float* corr, const float* sc
       const __m256i p0 = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(x0, x1));
       const __m256i p1 = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(x0, x1));
       for (int r = 0; r < R; ++r) {
-        const __m256i w = _mm256_set1_epi32(wj[r * 16]);
+        const __m256i w = _mm256_set1_epi32(wj[r * WS]);
         a0[r] = _mm256_add_epi32(a0[r], _mm256_madd_epi16(p0, w));
         a1[r] = _mm256_add_epi32(a1[r], _mm256_madd_epi16(p1, w));
       }
@@ -179,35 +182,66 @@ inline void values_q8_rows(const int32_t* wp, const float* corr, const float* sc
   }
 }
 
-template <int R>
+template <int R, int WS>
 __attribute__((noinline)) void values_q8(const int32_t* wp, const float* corr, const float* scale, int64_t j_lo,
                                          int64_t hi, const uint8_t* v, size_t row_stride, int64_t b, float* o,
                                          int64_t dv, PacedPrefetch& pf) {
   const uint8_t* qs = v + size_t(j_lo) * row_stride + size_t(b) * sizeof(block_q8_0) + offsetof(block_q8_0, qs);
   o += 32 * b;
-  values_q8_rows<(R < 4 ? R : 4)>(wp, corr, scale, j_lo, hi, qs, row_stride, o, dv, pf);
+  values_q8_rows<(R < 4 ? R : 4), WS>(wp, corr, scale, j_lo, hi, qs, row_stride, o, dv, pf);
   if constexpr (R > 4)
-    values_q8_rows<R - 4>(wp + 4 * 16, corr + 4, scale + 4, j_lo, hi, qs, row_stride, o + 4 * dv, dv, pf);
+    values_q8_rows<R - 4, WS>(wp + 4 * WS, corr + 4, scale + 4, j_lo, hi, qs, row_stride, o + 4 * dv, dv, pf);
 }
 
-// rows_block for q8_0 entries: integer scores, the softmax step against the block's own max, then
-// each value block in integers (values_q8). R <= 8.
-template <int R>
+// The value rows' scales (halves) of value block b for keys 8i .. 8i + 7 of a step, as floats (d:
+// the block's scale in the step's first row), each read with vpinsrw (a 2-byte store of each and
+// a vector load of eight cost a store-forwarding stall per load: 3 ns a key on Zen 3). Partial
+// (keys outside [lo, hi) in the step): their rows are not read (the cache may end before the step
+// does; unwritten slots may hold anything), the nearest key's scale stands in (their weights are
+// 0, and the largest scale is the range's).
+template <bool Partial>
+inline __m256 value_scales8(const uint8_t* d, size_t row_stride, int64_t i, int64_t lo, int64_t hi) {
+  const auto half = [&](int64_t j) -> int {
+    if constexpr (Partial) j = std::clamp(j, lo, hi - 1);
+    uint16_t h;
+    std::memcpy(&h, d + size_t(j) * row_stride, 2);
+    return h;
+  };
+  __m128i x = _mm_cvtsi32_si128(half(8 * i));
+  x = _mm_insert_epi16(x, half(8 * i + 1), 1);
+  x = _mm_insert_epi16(x, half(8 * i + 2), 2);
+  x = _mm_insert_epi16(x, half(8 * i + 3), 3);
+  x = _mm_insert_epi16(x, half(8 * i + 4), 4);
+  x = _mm_insert_epi16(x, half(8 * i + 5), 5);
+  x = _mm_insert_epi16(x, half(8 * i + 6), 6);
+  x = _mm_insert_epi16(x, half(8 * i + 7), 7);
+  return _mm256_cvtph_ps(x);
+}
+
+// rows_block for q8_0 entries, one step over NK consecutive key blocks (keys [lo, hi) of the
+// NK * 32 from j0; NK = 2 wherever two blocks are left): integer scores, the softmax step against
+// the step's own max, then each value block in integers (values_q8) over all the step's keys. Two
+// blocks a step halve what each step costs besides its keys (the max, the weights' scaling, the
+// value loops' start and their o rows): 54 -> 47 ns a key on Zen 3 (BM_attend), and the int32
+// sums stay far from overflow (64 keys x 32767 x 128 < 2^28). R <= 8.
+template <int R, int NK>
 void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, const QueryQ8T& qt, int r0, int64_t j0, int64_t lo,
-                   int64_t hi, float* s) {
-  static_assert(R >= 1 && R <= 8);
+                   int64_t hi) {
+  static_assert(R >= 1 && R <= 8 && NK >= 1 && NK <= 2);
+  constexpr int64_t NB = NK * kAttendBlock;  // keys a step
   const uint8_t* blk = a.k + size_t(j0 / kAttendBlock) * a.k_block_stride;
   const uint8_t* v = a.v + size_t(j0) * a.v_row_stride;
   const bool lead = r0 == 0;  // the pass that prefetches
   PacedPrefetch pf = lead ? value_rows_prefetch(a, j0, lo, hi) : PacedPrefetch();
-  float* sb = s + r0 * kAttendBlock;
-  scores_block_q8<R>(qq.view, qt, r0, blk, sb, pf);
+  alignas(32) float sb[8 * NB];  // the step's scores, then its weights exp(s - max), [R][NB]
+  for (int kb = 0; kb < NK; ++kb)
+    scores_block_q8<R>(qq.view, qt, r0, blk + kb * a.k_block_stride, sb + kb * kAttendBlock, NB, pf);
   pf.rest();
-  // per row: the block's max score bm over [lo, hi), m' = max(m, bm), the correction exp(m - m')
-  // of what o holds, the block's factor e = exp(bm - m'), and its weights exp(s - bm) (0 outside)
+  // per row: the step's max score bm over [lo, hi), m' = max(m, bm), the correction exp(m - m')
+  // of what o holds, the step's factor e = exp(bm - m'), and its weights exp(s - bm) (0 outside)
   alignas(32) float bm[8] = {}, m_old[8] = {}, corr[8], e[8];
   for (int r = 0; r < R; ++r) {
-    bm[r] = live_max(sb + r * kAttendBlock, lo, hi);
+    bm[r] = live_max<NB>(sb + r * NB, lo, hi);
     m_old[r] = a.m[r0 + r];
   }
   const __m256 bmv = _mm256_load_ps(bm), m_new = _mm256_max_ps(_mm256_load_ps(m_old), bmv);
@@ -216,10 +250,10 @@ void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, const QueryQ8T& qt, i
   alignas(32) float m_out[8];
   _mm256_store_ps(m_out, m_new);
   for (int r = 0; r < R; ++r) {
-    float* sr = sb + r * kAttendBlock;
+    float* sr = sb + r * NB;
     const __m256 mm = _mm256_set1_ps(bm[r]);
     __m256 sum = _mm256_setzero_ps();
-    for (int64_t j = 0; j < kAttendBlock; j += 8) {
+    for (int64_t j = 0; j < NB; j += 8) {
       const __m256 p = exp8_weights(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mm));
       _mm256_storeu_ps(sr + j, p);
       sum = _mm256_add_ps(sum, p);
@@ -227,34 +261,35 @@ void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, const QueryQ8T& qt, i
     a.l[r0 + r] = a.l[r0 + r] * corr[r] + e[r] * hsum(sum);
     a.m[r0 + r] = m_out[r];
   }
-  pf = lead ? next_key_block_prefetch(a, j0) : PacedPrefetch();
+  pf = lead ? next_key_block_prefetch(a, j0, NK) : PacedPrefetch();
   const int64_t j_lo = lo & ~int64_t(1);
-  alignas(32) int32_t wp[16 * R];
-  alignas(32) uint16_t dh[kAttendBlock];
+  constexpr int WS = NB / 2;  // weight pairs a row
+  alignas(32) int32_t wp[WS * R];
   float scale[8];
-  // the value rows' scales of each value block: only the rows of keys [lo, hi) are read (the
-  // cache may end before the block does; unwritten slots may hold anything), the others weigh 0
-  std::fill(dh, dh + kAttendBlock, uint16_t(0));
   for (int64_t b = 0; b < a.dv / 32; ++b) {
     const uint8_t* d = v + size_t(b) * sizeof(block_q8_0);
-    for (int64_t j = lo; j < hi; ++j) std::memcpy(dh + j, d + size_t(j) * a.v_row_stride, 2);
-    __m256 dv[4];
-    for (int i = 0; i < 4; ++i) dv[i] = _mm256_cvtph_ps(load16(dh + 8 * i));
-    const float dmax = hmax(_mm256_max_ps(_mm256_max_ps(dv[0], dv[1]), _mm256_max_ps(dv[2], dv[3])));
+    __m256 dv[NB / 8];
+    if (lo > 0 || hi < NB)
+      for (int i = 0; i < NB / 8; ++i) dv[i] = value_scales8<true>(d, a.v_row_stride, i, lo, hi);
+    else
+      for (int i = 0; i < NB / 8; ++i) dv[i] = value_scales8<false>(d, a.v_row_stride, i, lo, hi);
+    __m256 dm = dv[0];
+    for (int i = 1; i < NB / 8; ++i) dm = _mm256_max_ps(dm, dv[i]);
+    const float dmax = hmax(dm);
     const __m256 k = _mm256_set1_ps(dmax > 0 ? 32767.0f / dmax : 0.0f);
-    for (int i = 0; i < 4; ++i) dv[i] = _mm256_mul_ps(dv[i], k);
+    for (int i = 0; i < NB / 8; ++i) dv[i] = _mm256_mul_ps(dv[i], k);
     for (int r = 0; r < R; ++r) {
-      const float* pr = sb + r * kAttendBlock;
-      for (int i = 0; i < 4; i += 2) {
+      const float* pr = sb + r * NB;
+      for (int i = 0; i < NB / 8; i += 2) {
         // keys 8i .. 8i + 15 as int16 pairs in dwords, in order (packs interleaves its sources by
         // 128-bit lane: pairs 0, 1, 4, 5 | 2, 3, 6, 7 of the 8, put back in order by vpermq)
         const __m256i w16 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(pr + 8 * i), dv[i])),
                                                _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(pr + 8 * i + 8), dv[i + 1])));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(wp + r * 16 + 4 * i), _mm256_permute4x64_epi64(w16, 0xD8));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(wp + r * WS + 4 * i), _mm256_permute4x64_epi64(w16, 0xD8));
       }
       scale[r] = e[r] * (dmax / 32767.0f);
     }
-    values_q8<R>(wp, corr, scale, j_lo, hi, v, a.v_row_stride, b, a.o + r0 * a.dv, a.dv, pf);
+    values_q8<R, WS>(wp, corr, scale, j_lo, hi, v, a.v_row_stride, b, a.o + r0 * a.dv, a.dv, pf);
   }
   pf.rest();
 }
@@ -348,13 +383,13 @@ void rows_block(const AttendArgs& a, int r0, int64_t j0, int64_t lo, int64_t hi,
 }
 
 // rows_block_q8 for the min(R, rows - r0) rows from r0
-template <int R>
+template <int R, int NK>
 void rows_pass_q8(const AttendArgs& a, const QueryQ8& qq, const QueryQ8T& qt, int r0, int64_t j0, int64_t lo,
-                  int64_t hi, float* s) {
+                  int64_t hi) {
   if constexpr (R > 1) {
-    if (a.rows - r0 < R) return rows_pass_q8<R - 1>(a, qq, qt, r0, j0, lo, hi, s);
+    if (a.rows - r0 < R) return rows_pass_q8<R - 1, NK>(a, qq, qt, r0, j0, lo, hi);
   }
-  rows_block_q8<R>(a, qq, qt, r0, j0, lo, hi, s);
+  rows_block_q8<R, NK>(a, qq, qt, r0, j0, lo, hi);
 }
 
 template <KvType T>
@@ -370,7 +405,13 @@ void attend_simd(const AttendArgs& a) {
     const int64_t lo = std::max<int64_t>(a.first - j0, 0), hi = std::min<int64_t>(a.n - j0, kAttendBlock);
     if (lo >= hi) continue;
     if constexpr (T == KvType::q8_0) {
-      for (int r0 = 0; r0 < a.rows; r0 += 8) rows_pass_q8<8>(a, *q, *qts[r0 / 8], r0, j0, lo, hi, s);
+      const int64_t hi2 = std::min<int64_t>(a.n - j0, 2 * kAttendBlock);  // two blocks a step where both hold keys
+      if (hi2 > kAttendBlock) {
+        for (int r0 = 0; r0 < a.rows; r0 += 8) rows_pass_q8<8, 2>(a, *q, *qts[r0 / 8], r0, j0, lo, hi2);
+        j0 += kAttendBlock;
+      } else {
+        for (int r0 = 0; r0 < a.rows; r0 += 8) rows_pass_q8<8, 1>(a, *q, *qts[r0 / 8], r0, j0, lo, hi);
+      }
     } else {
       for (int r0 = 0; r0 < a.rows; r0 += 4) {
         switch (std::min(4, a.rows - r0)) {

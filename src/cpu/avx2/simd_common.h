@@ -86,10 +86,11 @@ struct QueryQ8 {
 inline PacedPrefetch value_rows_prefetch(const AttendArgs& a, int64_t j0, int64_t lo, int64_t hi) {
   return PacedPrefetch(a.v + size_t(j0 + lo) * a.v_row_stride, size_t(hi - lo) * a.v_row_stride);
 }
-// The key block after the one at j0 (none after the range's last).
-inline PacedPrefetch next_key_block_prefetch(const AttendArgs& a, int64_t j0) {
-  if (j0 + kKvKeyBlock >= a.n) return {};
-  return PacedPrefetch(a.k + size_t(j0 / kKvKeyBlock + 1) * a.k_block_stride, a.k_block_stride);
+// The `blocks` key blocks after the `blocks` from the one at j0 (fewer, or none, at the range's end).
+inline PacedPrefetch next_key_block_prefetch(const AttendArgs& a, int64_t j0, int64_t blocks = 1) {
+  const int64_t next = j0 / kKvKeyBlock + blocks, left = (a.n + kKvKeyBlock - 1) / kKvKeyBlock - next;
+  if (left <= 0) return {};
+  return PacedPrefetch(a.k + size_t(next) * a.k_block_stride, size_t(std::min(blocks, left)) * a.k_block_stride);
 }
 
 // exp(x) for 8 lanes: as ../avx512/exp512.h's exp16 (the same polynomial in 256-bit vectors); 2^n built in the exponent field (n clamped to [-126, 127]).
