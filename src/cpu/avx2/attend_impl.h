@@ -8,7 +8,8 @@
 // accumulated over the block's keys, value rows widened as they are read.
 // q8_0: 8 rows a pass over two key blocks at a time, keys and values in integers (rows_block_q8
 // below).
-// Nothing is widened into memory, and the block's scores ([rows][32]) stay in L1.
+// Nothing is widened into memory, and the block's scores ([rows][32]; q8_0: the step's, [8][64])
+// stay in L1.
 // The first pass over a block paces the prefetches (simd_common.h PacedPrefetch): its scores
 // loops bring in the block's value rows, its value loops the next key block.
 #pragma once
@@ -65,14 +66,15 @@ inline float live_max(float* sr, int64_t lo, int64_t hi) {
 // pass's query quants transposed once per call (QueryQ8T), so that the 8 rows' broadcasts come
 // from one pointer: with a pointer a row GCC spilled the accumulators in the loop (3-5% a key).
 //
-// Values: as the AVX-512 kernel's (../avx512/attend_avx512.cpp values_q8): a block's softmax
-// weights times the value rows' scales, w_j = p_j d_j (p_j = exp(s_j - the block's max) <= 1),
-// rounded to int16 against the block's largest scale (32767 w_j / dmax); then per two keys and 8
+// Values: as the AVX-512 kernel's (../avx512/attend_avx512.cpp values_q8), a step (here two key
+// blocks) at a time: its softmax weights times the value rows' scales, w_j = p_j d_j (p_j =
+// exp(s_j - the step's max) <= 1), rounded to int16 against the step's largest scale (32767 w_j /
+// dmax); then per two keys and 8
 // columns one `vpmaddwd` a row: the rows j and j + 1 interleaved byte by byte and widened to int16
 // pairs, against (w_j, w_j+1) broadcast from the row's pairs (one vpbroadcastd load, for 16
 // columns). Where widening to floats cost a conversion chain and an FMA a row for every key,
 // twice for a group of 8, this is half an instruction a row per key. The rounding of w_j is at
-// most 2^-16 of the block's largest weight (the values' own q8_0 step is 2^-7 of their block's
+// most 2^-16 of the step's largest weight (the values' own q8_0 step is 2^-7 of their block's
 // largest).
 
 // exp(x) of a block's scores less their max (x <= 0) for the q8_0 value weights, which are rounded
@@ -222,8 +224,8 @@ inline __m256 value_scales8(const uint8_t* d, size_t row_stride, int64_t i, int6
 // NK * 32 from j0; NK = 2 wherever two blocks are left): integer scores, the softmax step against
 // the step's own max, then each value block in integers (values_q8) over all the step's keys. Two
 // blocks a step halve what each step costs besides its keys (the max, the weights' scaling, the
-// value loops' start and their o rows): 54 -> 47 ns a key on Zen 3 (BM_attend), and the int32
-// sums stay far from overflow (64 keys x 32767 x 128 < 2^28). R <= 8.
+// value loops' start and their o rows): 51-52 -> 46 ns a key on Zen 3 (one thread, 8 rows, 512 keys
+// in L2), and the int32 sums stay far from overflow (64 keys x 32767 x 128 < 2^28). R <= 8.
 template <int R, int NK>
 void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, const QueryQ8T& qt, int r0, int64_t j0, int64_t lo,
                    int64_t hi) {
