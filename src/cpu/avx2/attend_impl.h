@@ -69,13 +69,12 @@ inline float live_max(float* sr, int64_t lo, int64_t hi) {
 // Values: as the AVX-512 kernel's (../avx512/attend_avx512.cpp values_q8), a step (here two key
 // blocks) at a time: its softmax weights times the value rows' scales, w_j = p_j d_j (p_j =
 // exp(s_j - the step's max) <= 1), rounded to int16 against the step's largest scale (32767 w_j /
-// dmax); then per two keys and 8
-// columns one `vpmaddwd` a row: the rows j and j + 1 interleaved byte by byte and widened to int16
-// pairs, against (w_j, w_j+1) broadcast from the row's pairs (one vpbroadcastd load, for 16
-// columns). Where widening to floats cost a conversion chain and an FMA a row for every key,
-// twice for a group of 8, this is half an instruction a row per key. The rounding of w_j is at
-// most 2^-16 of the step's largest weight (the values' own q8_0 step is 2^-7 of their block's
-// largest).
+// dmax); then per two keys and 8 columns one `vpmaddwd` a row: the rows j and j + 1 interleaved
+// byte by byte and widened to int16 pairs (values_q8_rows), against (w_j, w_j+1) broadcast from
+// the row's pairs (one vpbroadcastd load, for 16 columns). Where widening to floats cost a
+// conversion chain and an FMA a row for every key, twice for a group of 8, this is half an
+// instruction a row per key. The rounding of w_j is at most 2^-16 of the step's largest weight
+// (the values' own q8_0 step is 2^-7 of their block's largest).
 
 // exp(x) of a block's scores less their max (x <= 0) for the q8_0 value weights, which are rounded
 // to int16 (2^-15 of the block's largest) straight after: 5.4e-6 relative (e^r = 1 + r + r^2 p(r),
@@ -151,11 +150,19 @@ void scores_block_q8(const QueryQ8View& qq, const QueryQ8T& qt, int r0, const ui
 // Up to 4 rows by 16 columns at a time (values_q8_rows): each row's weight pair, broadcast once,
 // meets two column vectors, so a key pair costs 6 loads for 8 vpmaddwd where 8 rows by 8 columns
 // cost 10 (loads, not the multiplies, bounded that loop: 5% of the kernel's time a key on Zen 3).
+// The pairs widened within 128-bit lanes: each row's 16 bytes broadcast to both lanes (a load),
+// interleaved (vpunpck*bw), each byte moved to the high half of its word (vpshufb: lane 0 the pairs
+// of columns 0-3, lane 1 of 4-7) and shifted down with its sign (vpsraw 8). vpmovsxbw, which
+// crosses lanes, ran 0.8 a cycle on Zen 3 and took the vpmaddwd pipes with it: an asm loop of one
+// step of 2 keys x 16 columns x 4 rows, 6.65 -> 5.9 cycles; the kernel 45.2 -> 43.6 ns a key.
 // Out of line, as the AVX-512 kernel's (inlined there, GCC 12 spilled its accumulators).
 template <int R, int WS>
 inline void values_q8_rows(const int32_t* wp, const float* corr, const float* scale, int64_t j_lo, int64_t hi,
                            const uint8_t* qs, size_t row_stride, float* o, int64_t dv, PacedPrefetch& pf) {
   static_assert(R >= 1 && R <= 4);
+  // word i of a lane takes byte i of the lane in its high half (the low half zero)
+  const __m256i high = _mm256_setr_epi8(-1, 0, -1, 1, -1, 2, -1, 3, -1, 4, -1, 5, -1, 6, -1, 7,
+                                        -1, 8, -1, 9, -1, 10, -1, 11, -1, 12, -1, 13, -1, 14, -1, 15);
   for (int64_t c = 0; c < 32; c += 16) {
     __m256i a0[R], a1[R];
     for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_si256();
@@ -163,11 +170,11 @@ inline void values_q8_rows(const int32_t* wp, const float* corr, const float* sc
     const int32_t* wj = wp + j_lo / 2;
     for (int64_t j = j_lo; j < hi; j += 2, row += 2 * row_stride, ++wj) {
       pf.step();
-      const __m128i x0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row));
-      const __m128i x1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + row_stride));
+      const __m256i x0 = _mm256_broadcastsi128_si256(load16(row));
+      const __m256i x1 = _mm256_broadcastsi128_si256(load16(row + row_stride));
       // (v_j[i], v_j+1[i]) in dword i: columns c .. c + 7, then c + 8 .. c + 15
-      const __m256i p0 = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(x0, x1));
-      const __m256i p1 = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(x0, x1));
+      const __m256i p0 = _mm256_srai_epi16(_mm256_shuffle_epi8(_mm256_unpacklo_epi8(x0, x1), high), 8);
+      const __m256i p1 = _mm256_srai_epi16(_mm256_shuffle_epi8(_mm256_unpackhi_epi8(x0, x1), high), 8);
       for (int r = 0; r < R; ++r) {
         const __m256i w = _mm256_set1_epi32(wj[r * WS]);
         a0[r] = _mm256_add_epi32(a0[r], _mm256_madd_epi16(p0, w));
