@@ -162,7 +162,8 @@ template <int R, int WS>
 inline void values_q8_rows(const int32_t* wp, const float* corr, const float* scale, int64_t j_lo, int64_t hi,
                            const uint8_t* qs, size_t row_stride, float* o, int64_t dv, PacedPrefetch& pf) {
   static_assert(R >= 1 && R <= 4);
-  // word i of a lane takes byte i of the lane in its high half (the low half zero)
+  // word i of lane 0 takes byte i of its lane in its high half, word i of lane 1 byte 8 + i (the
+  // low halves zero); both lanes hold the same 16 interleaved bytes
   const __m256i high = _mm256_setr_epi8(-1, 0, -1, 1, -1, 2, -1, 3, -1, 4, -1, 5, -1, 6, -1, 7,
                                         -1, 8, -1, 9, -1, 10, -1, 11, -1, 12, -1, 13, -1, 14, -1, 15);
   for (int64_t c = 0; c < 32; c += 16) {
