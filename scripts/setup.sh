@@ -7,6 +7,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libgtest-dev libgmock-dev libbenchmark-dev   # tests, kernel benchmarks
+  libsimde-dev                                 # the AVX-512 kernels' tests on CPUs without AVX-512
   clang libclang-rt-14-dev                     # libFuzzer targets (STRATA_FUZZ)
   libhwloc-dev liburing-dev                    # topology / NUMA binding, io_uring block reader
   libxsimd-dev libdnnl-dev                     # portable SIMD, large CPU matmuls

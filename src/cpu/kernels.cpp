@@ -149,6 +149,10 @@ bool isa_supported(CpuIsa isa) {
     case CpuIsa::avx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case CpuIsa::avx512:
+#ifdef STRATA_AVX512_EMULATION
+      // the tests' emulated build (tests/avx512_emulation): the AVX-512 kernels on AVX2
+      return isa_supported(CpuIsa::avx2);
+#endif
       return isa_supported(CpuIsa::avx2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");

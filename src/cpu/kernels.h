@@ -14,7 +14,8 @@
 // Layout: the variants live in src/cpu/avx2 and src/cpu/avx512, translation units compiled with
 // that ISA family's flags (src/cpu/avx512/vbmi: the few that also need AVX-512 VBMI, registered
 // only after a run-time check); nothing else in strata is compiled with them, and no intrinsic
-// appears outside those directories.
+// appears outside those directories (but for the tests' emulation of AVX-512 on AVX2 machines,
+// tests/avx512_emulation, under which kernels.cpp offers AVX-512 wherever AVX2 runs).
 #pragma once
 
 #include <array>

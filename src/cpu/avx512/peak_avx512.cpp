@@ -11,6 +11,14 @@
 
 #include "cpu/calibrate.h"
 
+// The asm barrier's constraint: the accumulators in vector registers. The emulated build of the
+// tests (tests/avx512_emulation) holds its 512-bit vectors in memory.
+#ifdef STRATA_AVX512_EMULATION
+#define STRATA_IN_REG "+m"
+#else
+#define STRATA_IN_REG "+v"
+#endif
+
 namespace strata::cpu::detail {
 
 double int8_loop_avx512(long iters) {
@@ -33,8 +41,9 @@ double int8_loop_avx512(long iters) {
     a9 = _mm512_dpbusd_epi32(a9, x, y);
     a10 = _mm512_dpbusd_epi32(a10, x, y);
     a11 = _mm512_dpbusd_epi32(a11, x, y);
-    __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
-                     "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
+    __asm__ volatile("" : STRATA_IN_REG(a0), STRATA_IN_REG(a1), STRATA_IN_REG(a2), STRATA_IN_REG(a3),
+                     STRATA_IN_REG(a4), STRATA_IN_REG(a5), STRATA_IN_REG(a6), STRATA_IN_REG(a7), STRATA_IN_REG(a8),
+                     STRATA_IN_REG(a9), STRATA_IN_REG(a10), STRATA_IN_REG(a11));
   }
   const __m512i s = _mm512_add_epi32(
       _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
@@ -74,8 +83,9 @@ __attribute__((target("avx512bf16"))) double bf16_loop_avx512(long iters) {
     a9 = _mm512_dpbf16_ps(a9, x, y);
     a10 = _mm512_dpbf16_ps(a10, x, y);
     a11 = _mm512_dpbf16_ps(a11, x, y);
-    __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
-                     "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
+    __asm__ volatile("" : STRATA_IN_REG(a0), STRATA_IN_REG(a1), STRATA_IN_REG(a2), STRATA_IN_REG(a3),
+                     STRATA_IN_REG(a4), STRATA_IN_REG(a5), STRATA_IN_REG(a6), STRATA_IN_REG(a7), STRATA_IN_REG(a8),
+                     STRATA_IN_REG(a9), STRATA_IN_REG(a10), STRATA_IN_REG(a11));
   }
   const __m512 s = _mm512_add_ps(
       _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
@@ -105,8 +115,9 @@ double f32_fma_loop_avx512(long iters) {
     a9 = _mm512_fmadd_ps(a9, x, y);
     a10 = _mm512_fmadd_ps(a10, x, y);
     a11 = _mm512_fmadd_ps(a11, x, y);
-    __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
-                     "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
+    __asm__ volatile("" : STRATA_IN_REG(a0), STRATA_IN_REG(a1), STRATA_IN_REG(a2), STRATA_IN_REG(a3),
+                     STRATA_IN_REG(a4), STRATA_IN_REG(a5), STRATA_IN_REG(a6), STRATA_IN_REG(a7), STRATA_IN_REG(a8),
+                     STRATA_IN_REG(a9), STRATA_IN_REG(a10), STRATA_IN_REG(a11));
   }
   const __m512 s = _mm512_add_ps(
       _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
