@@ -40,7 +40,9 @@ inline VR convert(const VA& a, F f) {
   return from_lanes<VR>(r);
 }
 
-inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+inline float half_to_float(uint16_t h) {
+  return _cvtsh_ss(h);
+}
 
 inline uint16_t float_to_bf16_rne(float f) {
   uint32_t u;
@@ -61,11 +63,19 @@ namespace strata_avx512_emulation {
 // __builtin_cpu_supports in the kernel sources: every AVX-512 extension present (VBMI too: its
 // kernels replace the plain AVX-512 ones where the CPU has it, as on Zen 4 / 5 and Ice Lake on),
 // the rest as the CPU says
-inline bool is_avx512(const char* feature) { return std::strncmp(feature, "avx512", 6) == 0; }
+inline bool is_avx512(const char* feature) {
+  return std::strncmp(feature, "avx512", 6) == 0;
+}
 
-inline simde__mmask16 cvtu32_mask16(uint32_t u) { return simde__mmask16(u); }
-inline simde__mmask64 cvtu64_mask64(uint64_t u) { return simde__mmask64(u); }
-inline simde__mmask16 knot16(simde__mmask16 m) { return simde__mmask16(~m); }
+inline simde__mmask16 cvtu32_mask16(uint32_t u) {
+  return simde__mmask16(u);
+}
+inline simde__mmask64 cvtu64_mask64(uint64_t u) {
+  return simde__mmask64(u);
+}
+inline simde__mmask16 knot16(simde__mmask16 m) {
+  return simde__mmask16(~m);
+}
 
 inline simde__m256i mm256_maskz_loadu_epi16(simde__mmask16 k, const void* p) {
   int16_t r[16] = {};
@@ -86,7 +96,7 @@ inline void mm512_mask_storeu_ps(void* p, simde__mmask16 k, simde__m512 a) {
     if (k >> i & 1) std::memcpy(static_cast<char*>(p) + 4 * i, &x[i], 4);
 }
 inline simde__m512i mm512_mask_i32gather_epi32(simde__m512i src, simde__mmask16 k, simde__m512i idx,
-                                                const void* base, int scale) {
+                                               const void* base, int scale) {
   int32_t r[16], ix[16];
   to_lanes(src, r);
   to_lanes(idx, ix);
@@ -139,9 +149,11 @@ inline simde__m512bh mm512_cvtne2ps_pbh(simde__m512 a, simde__m512 b) {
 }
 
 inline simde__m512i mm512_srai_epi32(simde__m512i a, unsigned n) {
-  return convert<simde__m512i, int32_t, int32_t, 16>(a, [n](int32_t v) { return n > 31 ? (v < 0 ? -1 : 0) : v >> n; });
+  return convert<simde__m512i, int32_t, int32_t, 16>(
+      a, [n](int32_t v) { return n > 31 ? (v < 0 ? -1 : 0) : v >> n; });
 }
-inline simde__m512i mm512_mask_srli_epi16(simde__m512i src, simde__mmask32 k, simde__m512i a, unsigned n) {
+inline simde__m512i mm512_mask_srli_epi16(simde__m512i src, simde__mmask32 k, simde__m512i a,
+                                          unsigned n) {
   uint16_t r[32], x[32];
   to_lanes(src, r);
   to_lanes(a, x);
@@ -154,7 +166,8 @@ inline simde__m512 mm512_shuffle_f32x4(simde__m512 a, simde__m512 b, int imm) {
   float x[16], y[16], r[16];
   to_lanes(a, x);
   to_lanes(b, y);
-  for (int l = 0; l < 4; ++l) std::memcpy(&r[4 * l], (l < 2 ? x : y) + 4 * ((imm >> (2 * l)) & 3), 16);
+  for (int l = 0; l < 4; ++l)
+    std::memcpy(&r[4 * l], (l < 2 ? x : y) + 4 * ((imm >> (2 * l)) & 3), 16);
   return from_lanes<simde__m512>(r);
 }
 inline simde__m512i mm512_zextsi256_si512(simde__m256i a) {
@@ -172,17 +185,21 @@ inline T reduce(const V& a, F f) {
     for (int i = 0; i < w; ++i) x[i] = f(x[i], x[i + w]);
   return x[0];
 }
-inline float mm512_reduce_add_ps(simde__m512 a) { return reduce<float>(a, [](float x, float y) { return x + y; }); }
+inline float mm512_reduce_add_ps(simde__m512 a) {
+  return reduce<float>(a, [](float x, float y) { return x + y; });
+}
 inline float mm512_reduce_max_ps(simde__m512 a) {
   return reduce<float>(a, [](float x, float y) { return x > y ? x : y; });
 }
 inline int32_t mm512_reduce_add_epi32(simde__m512i a) {
-  return reduce<int32_t>(a, [](int32_t x, int32_t y) { return int32_t(uint32_t(x) + uint32_t(y)); });
+  return reduce<int32_t>(a,
+                         [](int32_t x, int32_t y) { return int32_t(uint32_t(x) + uint32_t(y)); });
 }
 
 }  // namespace strata_avx512_emulation
 
-#define __builtin_cpu_supports(feature) (strata_avx512_emulation::is_avx512(feature) || __builtin_cpu_supports(feature))
+#define __builtin_cpu_supports(feature) \
+  (strata_avx512_emulation::is_avx512(feature) || __builtin_cpu_supports(feature))
 #undef _cvtu32_mask16
 #undef _cvtu64_mask64
 #undef _knot_mask16
@@ -204,7 +221,8 @@ inline int32_t mm512_reduce_add_epi32(simde__m512i a) {
 #define _mm512_cvtph_ps(a) strata_avx512_emulation::mm512_cvtph_ps(a)
 #define _mm512_cvtne2ps_pbh(a, b) strata_avx512_emulation::mm512_cvtne2ps_pbh(a, b)
 #define _mm512_srai_epi32(a, n) strata_avx512_emulation::mm512_srai_epi32(a, n)
-#define _mm512_mask_srli_epi16(src, k, a, n) strata_avx512_emulation::mm512_mask_srli_epi16(src, k, a, n)
+#define _mm512_mask_srli_epi16(src, k, a, n) \
+  strata_avx512_emulation::mm512_mask_srli_epi16(src, k, a, n)
 #define _mm512_shuffle_f32x4(a, b, imm) strata_avx512_emulation::mm512_shuffle_f32x4(a, b, imm)
 #define _mm512_zextsi256_si512(a) strata_avx512_emulation::mm512_zextsi256_si512(a)
 #define _mm512_reduce_add_ps(a) strata_avx512_emulation::mm512_reduce_add_ps(a)

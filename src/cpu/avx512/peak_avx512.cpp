@@ -41,9 +41,11 @@ double int8_loop_avx512(long iters) {
     a9 = _mm512_dpbusd_epi32(a9, x, y);
     a10 = _mm512_dpbusd_epi32(a10, x, y);
     a11 = _mm512_dpbusd_epi32(a11, x, y);
-    __asm__ volatile("" : STRATA_IN_REG(a0), STRATA_IN_REG(a1), STRATA_IN_REG(a2), STRATA_IN_REG(a3),
-                     STRATA_IN_REG(a4), STRATA_IN_REG(a5), STRATA_IN_REG(a6), STRATA_IN_REG(a7), STRATA_IN_REG(a8),
-                     STRATA_IN_REG(a9), STRATA_IN_REG(a10), STRATA_IN_REG(a11));
+    __asm__ volatile(""
+                     : STRATA_IN_REG(a0), STRATA_IN_REG(a1), STRATA_IN_REG(a2), STRATA_IN_REG(a3),
+                       STRATA_IN_REG(a4), STRATA_IN_REG(a5), STRATA_IN_REG(a6), STRATA_IN_REG(a7),
+                       STRATA_IN_REG(a8), STRATA_IN_REG(a9), STRATA_IN_REG(a10),
+                       STRATA_IN_REG(a11));
   }
   const __m512i s = _mm512_add_epi32(
       _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
@@ -83,9 +85,11 @@ __attribute__((target("avx512bf16"))) double bf16_loop_avx512(long iters) {
     a9 = _mm512_dpbf16_ps(a9, x, y);
     a10 = _mm512_dpbf16_ps(a10, x, y);
     a11 = _mm512_dpbf16_ps(a11, x, y);
-    __asm__ volatile("" : STRATA_IN_REG(a0), STRATA_IN_REG(a1), STRATA_IN_REG(a2), STRATA_IN_REG(a3),
-                     STRATA_IN_REG(a4), STRATA_IN_REG(a5), STRATA_IN_REG(a6), STRATA_IN_REG(a7), STRATA_IN_REG(a8),
-                     STRATA_IN_REG(a9), STRATA_IN_REG(a10), STRATA_IN_REG(a11));
+    __asm__ volatile(""
+                     : STRATA_IN_REG(a0), STRATA_IN_REG(a1), STRATA_IN_REG(a2), STRATA_IN_REG(a3),
+                       STRATA_IN_REG(a4), STRATA_IN_REG(a5), STRATA_IN_REG(a6), STRATA_IN_REG(a7),
+                       STRATA_IN_REG(a8), STRATA_IN_REG(a9), STRATA_IN_REG(a10),
+                       STRATA_IN_REG(a11));
   }
   const __m512 s = _mm512_add_ps(
       _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
@@ -115,9 +119,11 @@ double f32_fma_loop_avx512(long iters) {
     a9 = _mm512_fmadd_ps(a9, x, y);
     a10 = _mm512_fmadd_ps(a10, x, y);
     a11 = _mm512_fmadd_ps(a11, x, y);
-    __asm__ volatile("" : STRATA_IN_REG(a0), STRATA_IN_REG(a1), STRATA_IN_REG(a2), STRATA_IN_REG(a3),
-                     STRATA_IN_REG(a4), STRATA_IN_REG(a5), STRATA_IN_REG(a6), STRATA_IN_REG(a7), STRATA_IN_REG(a8),
-                     STRATA_IN_REG(a9), STRATA_IN_REG(a10), STRATA_IN_REG(a11));
+    __asm__ volatile(""
+                     : STRATA_IN_REG(a0), STRATA_IN_REG(a1), STRATA_IN_REG(a2), STRATA_IN_REG(a3),
+                       STRATA_IN_REG(a4), STRATA_IN_REG(a5), STRATA_IN_REG(a6), STRATA_IN_REG(a7),
+                       STRATA_IN_REG(a8), STRATA_IN_REG(a9), STRATA_IN_REG(a10),
+                       STRATA_IN_REG(a11));
   }
   const __m512 s = _mm512_add_ps(
       _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
