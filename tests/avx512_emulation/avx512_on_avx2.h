@@ -15,6 +15,8 @@
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
 
+#include "cpu/fp16.h"
+
 namespace strata_avx512_emulation {
 
 template <class T, int N, class V>
@@ -40,25 +42,9 @@ inline VR convert(const VA& a, F f) {
   return from_lanes<VR>(r);
 }
 
-inline float half_to_float(uint16_t h) {
-  return _cvtsh_ss(h);
-}
-
-inline uint16_t float_to_bf16_rne(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // NaN stays NaN (quiet)
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-
 inline int32_t round_to_int32(float f) {  // vcvtps2dq with MXCSR's default rounding
   return _mm_cvtss_si32(_mm_set_ss(f));
 }
-
-}  // namespace strata_avx512_emulation
-
-namespace strata_avx512_emulation {
 
 // __builtin_cpu_supports in the kernel sources: every AVX-512 extension present (VBMI too: its
 // kernels replace the plain AVX-512 ones where the CPU has it, as on Zen 4 / 5 and Ice Lake on),
@@ -133,7 +119,7 @@ inline simde__m512i mm512_cvtps_epi32(simde__m512 a) {
   return convert<simde__m512i, int32_t, float, 16>(a, round_to_int32);
 }
 inline simde__m512 mm512_cvtph_ps(simde__m256i a) {
-  return convert<simde__m512, float, uint16_t, 16>(a, half_to_float);
+  return convert<simde__m512, float, uint16_t, 16>(a, strata::fp16_to_f32);
 }
 // bf16 lanes 0-15 from b, 16-31 from a, rounded to nearest even (vcvtne2ps2bf16)
 inline simde__m512bh mm512_cvtne2ps_pbh(simde__m512 a, simde__m512 b) {
@@ -142,8 +128,8 @@ inline simde__m512bh mm512_cvtne2ps_pbh(simde__m512 a, simde__m512 b) {
   to_lanes(b, y);
   uint16_t r[32];
   for (int i = 0; i < 16; ++i) {
-    r[i] = float_to_bf16_rne(y[i]);
-    r[16 + i] = float_to_bf16_rne(x[i]);
+    r[i] = strata::f32_to_bf16(y[i]);
+    r[16 + i] = strata::f32_to_bf16(x[i]);
   }
   return from_lanes<simde__m512bh>(r);
 }
