@@ -152,10 +152,11 @@ bool isa_supported(CpuIsa isa) {
 #ifdef STRATA_AVX512_EMULATION
       // the tests' emulated build (tests/avx512_emulation): the AVX-512 kernels on AVX2
       return isa_supported(CpuIsa::avx2);
-#endif
+#else
       return isa_supported(CpuIsa::avx2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+#endif
 #else
     default:
       return false;
