@@ -563,11 +563,17 @@ void q4K_pair(int64_t nsb, const Rows& a_rows, const Rows& b_rows, const uint8_t
       });
 }
 
-// Software prefetch distance of the decode kernel: two super-blocks of a group ahead. The
+// Software prefetch distance of the decode kernels: two Q4_K super-blocks of a group ahead. The
 // hardware prefetchers alone left one thread at 14 GB/s from DRAM (vec_dot on the file layout:
 // 21); with this, 29 (measured on the 2-core Zen 4 VM, 4096 x 4096 matrices, in turn from a
-// 256 MiB stack).
+// 256 MiB stack). Except in gemv_q4K_interleaved, the lines are asked for into L2 (prefetcht1), a
+// few with each step of the kernel's loop: asked for into L1 in one burst per super-block, the
+// burst held the loop's own loads behind it. Zen 4, alternated with the burst (session 42,
+// `strata_bench_kernels --benchmark_filter='BM_matmul_backend/q[46]_K/'`), of the DRAM probe:
+// Q6_K one token 0.36-0.44 -> 0.69-0.86, four tokens 0.23-0.28 -> 0.51-0.73; Q4_K four tokens
+// 0.35-0.45 -> 0.50-0.77.
 constexpr size_t kPrefetchAhead = 2 * kRows * sizeof(block_q4_K);
+inline void prefetch_l2(const char* p) { _mm_prefetch(p, _MM_HINT_T1); }
 
 // Decode (one token) on interleaved Q4_K: straight from the weights to the 16 rows' sums, with
 // no tile in between. Register j of a group's super-block is dword j of each of its 16 rows
@@ -584,6 +590,8 @@ void gemv_q4K_interleaved(int64_t nsb, const uint8_t* group, const uint8_t* a, c
     const uint8_t* blk = group + size_t(sb) * sizeof(block_q4_K) * kRows;
     const uint8_t* aq = a + size_t(sb) * sizeof(block_q8_K) + kQ8KQs;
     {
+      // into L1 in one burst: spread as the other decode kernels' (below), 4096 x 4096 read 0.89-0.94
+      // of the DRAM probe against 0.97-0.99 so (Zen 4, session 42)
       const char* pf = reinterpret_cast<const char*>(blk) + kPrefetchAhead;
       for (int l = 0; l < 36; ++l) _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
     }
@@ -644,10 +652,9 @@ void gemv_q4K_interleaved_tokens(int64_t nsb, const uint8_t* group, const uint8_
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* blk = group + size_t(sb) * sizeof(block_q4_K) * kRows;
-    {
-      const char* pf = reinterpret_cast<const char*>(blk) + kPrefetchAhead;
-      for (int l = 0; l < 36; ++l) _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
-    }
+    // the 36 lines kPrefetchAhead on: the 4 of the scales here, one with each quant register
+    const char* pf = reinterpret_cast<const char*>(blk) + kPrefetchAhead;
+    for (int l = 0; l < 4; ++l) prefetch_l2(pf + 64 * l);
     const __m512i z0 = load64(blk), z1 = load64(blk + 64), z2 = load64(blk + 128), z3 = load64(blk + 192);
     const __m512i sc_lo = _mm512_and_si512(z1, m63);  // bytes sc0 .. sc3 of each row
     const __m512i sc_hi = _mm512_ternarylogic_epi32(_mm512_and_si512(z3, m4), _mm512_srli_epi32(z1, 2), m30, 0xF8);
@@ -662,6 +669,7 @@ void gemv_q4K_interleaved_tokens(int64_t nsb, const uint8_t* group, const uint8_
 #pragma GCC unroll 8
       for (int m = 0; m < 8; ++m) {
         const __m512i q = load64(blk + 64 * (4 + 8 * h + m));
+        prefetch_l2(pf + 64 * (4 + 8 * h + m));
         const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
         for (int t = 0; t < T; ++t) {
           lo_acc[t] = _mm512_dpbusd_epi32(lo_acc[t], lo, bcast4(aq[t] + 64 * h + 4 * m));
@@ -1001,15 +1009,8 @@ void gemv_q6K_interleaved(const Q6Interleaved& src, const uint8_t* a, float* y) 
   __m512 acc = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* dw = src.dwords(sb);
-    {
-      // a loop unrolled twice: the prefetches paced among the demand loads. Back to back (fully
-      // unrolled) two threads read 25-40% slower from DRAM, four per loop step or four per step of
-      // the kernel's loop below 5-10% slower, one per step 3-5% (a driver alternating the variants
-      // in one process, interleaved 768 x 2048 and 2048 x 768 stacks)
-      const char* pf = reinterpret_cast<const char*>(src.group + size_t(sb) * sizeof(block_q6_K) * kRows) + kPrefetchAhead;
-#pragma GCC unroll 2
-      for (size_t l = 0; l < sizeof(block_q6_K) * kRows; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
-    }
+    // the super-block's 53 lines kPrefetchAhead on, 4 with each of the loop's 16 steps
+    const char* pf = reinterpret_cast<const char*>(src.group + size_t(sb) * sizeof(block_q6_K) * kRows) + kPrefetchAhead;
     const uint8_t* ab = a + size_t(sb) * sizeof(block_q8_K);
     const uint8_t* aq = ab + kQ8KQs;
     int16_t bsums[16];
@@ -1022,6 +1023,7 @@ void gemv_q6K_interleaved(const Q6Interleaved& src, const uint8_t* a, float* y) 
       for (int m = 0; m < 8; ++m) {
         const __m512i qa = load64(dw + 64 * (16 * n + m)), qb = load64(dw + 64 * (16 * n + 8 + m));
         const __m512i h = load64(dw + 64 * (32 + 8 * n + m));
+        for (int l = 0; l < 4; ++l) prefetch_l2(pf + 256 * (8 * n + m) + 64 * l);
         const uint8_t* x = aq + 128 * n + 4 * m;
         const int j = m / 4;
         // (lo & 0x0F) | (hi & 0x30): vpternlog 0xB8 = mask ? lo : hi with (hi, mask 0x0F, lo), so
@@ -1063,11 +1065,7 @@ void gemv_q6K_interleaved_tokens(const Q6Interleaved& src, const uint8_t* a, siz
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* dw = src.dwords(sb);
-    {
-      const char* pf = reinterpret_cast<const char*>(src.group + size_t(sb) * sizeof(block_q6_K) * kRows) + kPrefetchAhead;
-#pragma GCC unroll 2
-      for (size_t l = 0; l < sizeof(block_q6_K) * kRows; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
-    }
+    const char* pf = reinterpret_cast<const char*>(src.group + size_t(sb) * sizeof(block_q6_K) * kRows) + kPrefetchAhead;
     const uint8_t* ab[T];
     for (int t = 0; t < T; ++t) ab[t] = a + size_t(t) * a_stride + size_t(sb) * sizeof(block_q8_K);
     __m512i sumi[T];
@@ -1088,6 +1086,7 @@ void gemv_q6K_interleaved_tokens(const Q6Interleaved& src, const uint8_t* a, siz
         for (int m = 4 * j; m < 4 * j + 4; ++m) {
           const __m512i qa = load64(dw + 64 * (16 * n + m)), qb = load64(dw + 64 * (16 * n + 8 + m));
           const __m512i h = load64(dw + 64 * (32 + 8 * n + m));
+          for (int l = 0; l < 4; ++l) prefetch_l2(pf + 256 * (8 * n + m) + 64 * l);  // as gemv_q6K_interleaved
           const __m512i q0 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_slli_epi16(h, 4), m30), m4, qa, 0xB8);
           const __m512i q1 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_slli_epi16(h, 2), m30), m4, qb, 0xB8);
           const __m512i q2 = _mm512_ternarylogic_epi32(_mm512_and_si512(h, m30), m4, _mm512_srli_epi16(qa, 4), 0xB8);
