@@ -573,6 +573,9 @@ void q4K_pair(int64_t nsb, const Rows& a_rows, const Rows& b_rows, const uint8_t
 // Q6_K one token 0.36-0.44 -> 0.69-0.86, four tokens 0.23-0.28 -> 0.51-0.73; Q4_K four tokens
 // 0.35-0.45 -> 0.50-0.77.
 constexpr size_t kPrefetchAhead = 2 * kRows * sizeof(block_q4_K);
+// Q6_K's: two of its super-blocks (one and a third, as Q4_K's bytes: BM_expert_ffn/q6_K 0.70-0.72
+// of the probe, two 0.76-0.80, three 0.72-0.82)
+constexpr size_t kPrefetchAheadQ6 = 2 * kRows * sizeof(block_q6_K);
 inline void prefetch_l2(const char* p) { _mm_prefetch(p, _MM_HINT_T1); }
 
 // Decode (one token) on interleaved Q4_K: straight from the weights to the 16 rows' sums, with
@@ -1009,8 +1012,8 @@ void gemv_q6K_interleaved(const Q6Interleaved& src, const uint8_t* a, float* y) 
   __m512 acc = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* dw = src.dwords(sb);
-    // the super-block's 53 lines kPrefetchAhead on, 4 with each of the loop's 16 steps
-    const char* pf = reinterpret_cast<const char*>(src.group + size_t(sb) * sizeof(block_q6_K) * kRows) + kPrefetchAhead;
+    // the super-block's 53 lines kPrefetchAheadQ6 on, 4 with each of the loop's 16 steps
+    const char* pf = reinterpret_cast<const char*>(src.group + size_t(sb) * sizeof(block_q6_K) * kRows) + kPrefetchAheadQ6;
     const uint8_t* ab = a + size_t(sb) * sizeof(block_q8_K);
     const uint8_t* aq = ab + kQ8KQs;
     int16_t bsums[16];
@@ -1065,7 +1068,7 @@ void gemv_q6K_interleaved_tokens(const Q6Interleaved& src, const uint8_t* a, siz
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* dw = src.dwords(sb);
-    const char* pf = reinterpret_cast<const char*>(src.group + size_t(sb) * sizeof(block_q6_K) * kRows) + kPrefetchAhead;
+    const char* pf = reinterpret_cast<const char*>(src.group + size_t(sb) * sizeof(block_q6_K) * kRows) + kPrefetchAheadQ6;
     const uint8_t* ab[T];
     for (int t = 0; t < T; ++t) ab[t] = a + size_t(t) * a_stride + size_t(sb) * sizeof(block_q8_K);
     __m512i sumi[T];
