@@ -1,8 +1,9 @@
 // Decode attention kernels (kernels.h AttendFn) in 512-bit vectors, for each KV entry format.
 //
-// Per key block of 32 keys, for up to 8 query rows at once (a GQA group of 8 in one pass, so the
-// block's keys and values are loaded and widened once for all of them; the 256-bit kernels of
-// ../avx2/attend_impl.h take 4 rows a pass and widen every entry twice for such a group):
+// Per key block of 32 keys (q8_0: per step of two blocks wherever two are left, rows_block_q8),
+// for up to 8 query rows at once (a GQA group of 8 in one pass, so the block's keys and values are
+// loaded and widened once for all of them; the 256-bit f32 / f16 kernels of ../avx2/attend_impl.h
+// take 4 rows a pass and widen every entry twice for such a group):
 //   scores: the 32 keys as two 16-wide vectors, 2 accumulators a row (16 of the 32 registers),
 //           each widened key vector feeding every row (f16: vcvtph2ps); q8_0 keys in integers:
 //           the query quantized to q8_0 once a call, then per 16 keys and group of 32 dims 8
@@ -177,16 +178,18 @@ inline __m512 add_op(__m512 x, __m512 y) { return _mm512_add_ps(x, y); }
 // a row per key. The rounding of w_j is at most 2^-16 of the block's largest weight, where the
 // values' own q8_0 step is 2^-7 of their block's largest.
 
-// The dword of _mm512_packs_epi32(keys 0-15, keys 16-31) that holds the int16 weights of keys 2i
-// and 2i + 1: the pack interleaves its two sources by 128-bit lane.
-constexpr int8_t kPairDword[16] = {0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15};
+// The dword of a row's weights that holds the int16 weights of keys 2i and 2i + 1 of a step: per
+// 32 keys one _mm512_packs_epi32(keys 0-15, keys 16-31), which interleaves its two sources by
+// 128-bit lane.
+constexpr int8_t kPairDword[32] = {0,  1,  4,  5,  8,  9,  12, 13, 2,  3,  6,  7,  10, 11, 14, 15,
+                                   16, 17, 20, 21, 24, 25, 28, 29, 18, 19, 22, 23, 26, 27, 30, 31};
 
 // o[r][32 b .. 32 b + 32) = o[r][..] corr[r] + scale[r] sum over keys j in [j_lo, hi) of w[r][j] v_j
-// (value block b): w [R][16] dwords of int16 weight pairs as kPairDword places them (0 outside
-// the keys of the block's range), value rows at v (row_stride bytes apart), j_lo even. The
+// (value block b): w [R][WS] dwords of int16 weight pairs as kPairDword places them (0 outside
+// the keys of the step's range), value rows at v (row_stride bytes apart), j_lo even. The
 // interleave leaves column 8k + i of the 32 in lane 4k + i of the low sums (i < 4) and 4k + i - 4
 // of the high; the floats are put back in column order before they meet o.
-template <int R>
+template <int R, int WS>
 __attribute__((noinline)) void values_q8(const int32_t* w, const float* corr, const float* scale, int64_t j_lo,
                                          int64_t hi, const uint8_t* v, size_t row_stride, int64_t b, float* o,
                                          int64_t dv, PacedPrefetch& pf) {
@@ -203,7 +206,7 @@ __attribute__((noinline)) void values_q8(const int32_t* w, const float* corr, co
     const __m512i lo = _mm512_unpacklo_epi16(v0, v1), hi_cols = _mm512_unpackhi_epi16(v0, v1);
     const int32_t* wj = w + kPairDword[j / 2];
     for (int r = 0; r < R; ++r) {
-      const __m512i pw = _mm512_set1_epi32(wj[16 * r]);
+      const __m512i pw = _mm512_set1_epi32(wj[WS * r]);
       acc[r][0] = _mm512_dpwssd_epi32(acc[r][0], lo, pw);
       acc[r][1] = _mm512_dpwssd_epi32(acc[r][1], hi_cols, pw);
     }
@@ -222,29 +225,42 @@ __attribute__((noinline)) void values_q8(const int32_t* w, const float* corr, co
   }
 }
 
-// rows_block for q8_0 entries: integer scores, the softmax step against the block's own max, then
-// each value block in integers (values_q8).
-template <int R>
-void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
+// rows_block for q8_0 entries, one step over NK consecutive key blocks (keys [lo, hi) of the NK *
+// 32 from j0; NK = 2 wherever two blocks are left, as the 256-bit kernel's two-block step):
+// integer scores, the softmax step against the step's own max, then each value block in integers
+// (values_q8) over all the step's keys. Two blocks a step halve what each step costs besides its
+// keys (the reductions across rows, the value loops' start and their o rows); the int32 sums stay
+// far from overflow (64 keys x 32767 x 128 < 2^28).
+template <int R, int NK>
+void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, int64_t lo, int64_t hi) {
+  static_assert(NK == 1 || NK == 2);
+  constexpr int64_t NB = NK * kBlock;  // keys a step
+  constexpr int NV = int(NB / 16);     // score vectors a row
   const uint8_t* blk = a.k + size_t(j0 / kBlock) * a.k_block_stride;
   const uint8_t* v = a.v + size_t(j0) * a.v_row_stride;
   const bool lead = r0 == 0;  // the pass that prefetches
   PacedPrefetch pf = lead ? value_rows_prefetch(a, j0, lo, hi) : PacedPrefetch();
-  scores_block_q8<R>(qq.view, r0, blk, kBlock, s + r0 * kBlock, kBlock, pf);
+  alignas(64) float sb[kRowsPerPass * NB];  // the step's scores, then its weights exp(s - max), [R][NB]
+  for (int kb = 0; kb < NK; ++kb)
+    scores_block_q8<R>(qq.view, r0, blk + kb * a.k_block_stride, kBlock, sb + kb * kBlock, NB, pf);
   pf.rest();
-  // per row: the block's max score bm over [lo, hi), m' = max(m, bm), the correction exp(m - m')
-  // of what o holds, the block's factor exp(bm - m'), and its weights exp(s - bm) (0 outside)
-  const __mmask32 live = __mmask32((hi - lo >= 32 ? ~0u : ((1u << (hi - lo)) - 1)) << lo);
+  // per row: the step's max score bm over [lo, hi), m' = max(m, bm), the correction exp(m - m')
+  // of what o holds, the step's factor exp(bm - m'), and its weights exp(s - bm) (0 outside)
+  const uint64_t live = (hi - lo >= 64 ? ~uint64_t(0) : ((uint64_t(1) << (hi - lo)) - 1)) << lo;
+  const auto live16 = [&](int i) { return __mmask16(live >> (16 * i)); };
   const __mmask16 rows = __mmask16((1u << R) - 1);
   const __m512 ninf = _mm512_set1_ps(-INFINITY);
-  __m512 p[R][2];
+  const auto score = [&](int r, int i) {
+    return _mm512_mask_blend_ps(live16(i), ninf, _mm512_load_ps(sb + r * NB + 16 * i));
+  };
+  __m512 x[R][2];  // per row two vectors of partial maxima, then of partial sums
   for (int r = 0; r < R; ++r) {
-    const float* sr = s + (r0 + r) * kBlock;
-    p[r][0] = _mm512_mask_blend_ps(__mmask16(live), ninf, _mm512_loadu_ps(sr));
-    p[r][1] = _mm512_mask_blend_ps(__mmask16(live >> 16), ninf, _mm512_loadu_ps(sr + 16));
+    x[r][0] = score(r, 0);
+    x[r][1] = score(r, 1);
+    for (int i = 2; i < NV; ++i) x[r][i % 2] = _mm512_max_ps(x[r][i % 2], score(r, i));
   }
   alignas(64) float bm[16], corr[16], e[16];
-  const __m512 bmv = rows_reduce<R>(p, ninf, max_op);
+  const __m512 bmv = rows_reduce<R>(x, ninf, max_op);
   const __m512 m_old = _mm512_maskz_loadu_ps(rows, a.m + r0), m_new = _mm512_max_ps(m_old, bmv);
   const __m512 corrv = exp16(_mm512_sub_ps(m_old, m_new)), ev = exp16(_mm512_sub_ps(bmv, m_new));
   _mm512_store_ps(bm, bmv);
@@ -253,36 +269,47 @@ void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, i
   _mm512_mask_storeu_ps(a.m + r0, rows, m_new);
   for (int r = 0; r < R; ++r) {
     const __m512 mm = _mm512_set1_ps(bm[r]);
-    p[r][0] = exp16(_mm512_sub_ps(p[r][0], mm));
-    p[r][1] = exp16(_mm512_sub_ps(p[r][1], mm));
+    x[r][0] = x[r][1] = _mm512_setzero_ps();
+    for (int i = 0; i < NV; ++i) {
+      const __m512 p = exp16(_mm512_sub_ps(score(r, i), mm));
+      _mm512_store_ps(sb + r * NB + 16 * i, p);
+      x[r][i % 2] = _mm512_add_ps(x[r][i % 2], p);
+    }
   }
-  const __m512 sums = rows_reduce<R>(p, _mm512_setzero_ps(), add_op);
+  const __m512 sums = rows_reduce<R>(x, _mm512_setzero_ps(), add_op);
   _mm512_mask_storeu_ps(a.l + r0, rows,
                         _mm512_fmadd_ps(_mm512_maskz_loadu_ps(rows, a.l + r0), corrv, _mm512_mul_ps(ev, sums)));
   const int64_t nb = a.dv / 32, j_lo = lo & ~int64_t(1);
-  pf = lead ? next_key_block_prefetch(a, j0) : PacedPrefetch();
-  alignas(64) int32_t w[R * 16];
-  // byte offsets of the block's value rows: their scales are gathered (live keys only)
-  const __m512i rows0 = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                           _mm512_set1_epi32(int(a.v_row_stride)));
-  const __m512i rows1 = _mm512_add_epi32(rows0, _mm512_set1_epi32(int(16 * a.v_row_stride)));
+  pf = lead ? next_key_block_prefetch(a, j0, NK) : PacedPrefetch();
+  constexpr int WS = int(NB / 2);  // weight pairs a row
+  alignas(64) int32_t w[R * WS];
+  // byte offsets of the step's value rows, 16 keys a vector: their scales are gathered (live keys only)
+  __m512i rows_at[NV];
+  rows_at[0] = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                  _mm512_set1_epi32(int(a.v_row_stride)));
+  for (int i = 1; i < NV; ++i) rows_at[i] = _mm512_add_epi32(rows_at[i - 1], _mm512_set1_epi32(int(16 * a.v_row_stride)));
   float scale[R];
   for (int64_t b = 0; b < nb; ++b) {
     // the value rows' scales of block b (0 outside [lo, hi): the unwritten slots may hold anything)
     const uint8_t* d = v + size_t(b) * sizeof(block_q8_0);
-    const __m512 d0 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
-        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), __mmask16(live), rows0, d, 1)));
-    const __m512 d1 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
-        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), __mmask16(live >> 16), rows1, d, 1)));
-    const float dmax = _mm512_reduce_max_ps(_mm512_max_ps(d0, d1));
+    __m512 dn[NV];
+    __m512 dm = _mm512_setzero_ps();
+    for (int i = 0; i < NV; ++i) {
+      dn[i] = _mm512_cvtph_ps(
+          _mm512_cvtepi32_epi16(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live16(i), rows_at[i], d, 1)));
+      dm = _mm512_max_ps(dm, dn[i]);
+    }
+    const float dmax = _mm512_reduce_max_ps(dm);
     const __m512 k = _mm512_set1_ps(dmax > 0 ? 32767.0f / dmax : 0.0f);
-    const __m512 dn0 = _mm512_mul_ps(d0, k), dn1 = _mm512_mul_ps(d1, k);
+    for (int i = 0; i < NV; ++i) dn[i] = _mm512_mul_ps(dn[i], k);
     for (int r = 0; r < R; ++r) {
-      _mm512_store_si512(w + r * 16, _mm512_packs_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(p[r][0], dn0)),
-                                                        _mm512_cvtps_epi32(_mm512_mul_ps(p[r][1], dn1))));
+      for (int i = 0; i < NV; i += 2)
+        _mm512_store_si512(w + r * WS + 8 * i,
+                           _mm512_packs_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(sb + r * NB + 16 * i), dn[i])),
+                                              _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(sb + r * NB + 16 * i + 16), dn[i + 1]))));
       scale[r] = e[r] * (dmax / 32767.0f);
     }
-    values_q8<R>(w, corr, scale, j_lo, hi, v, a.v_row_stride, b, a.o + r0 * a.dv, a.dv, pf);
+    values_q8<R, WS>(w, corr, scale, j_lo, hi, v, a.v_row_stride, b, a.o + r0 * a.dv, a.dv, pf);
   }
   pf.rest();
 }
@@ -331,12 +358,20 @@ void rows_block(const AttendArgs& a, int r0, int64_t j0, int64_t lo, int64_t hi,
 }
 
 template <KvType T, int R>
-void rows_pass(const AttendArgs& a, const QueryQ8* qq, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
+void rows_pass(const AttendArgs& a, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
   if constexpr (R > 1) {
-    if (a.rows - r0 < R) return rows_pass<T, R - 1>(a, qq, r0, j0, lo, hi, s);
+    if (a.rows - r0 < R) return rows_pass<T, R - 1>(a, r0, j0, lo, hi, s);
   }
-  if constexpr (T == KvType::q8_0) rows_block_q8<R>(a, *qq, r0, j0, lo, hi, s);
-  else rows_block<T, R>(a, r0, j0, lo, hi, s);
+  rows_block<T, R>(a, r0, j0, lo, hi, s);
+}
+
+// rows_block_q8 for the min(R, rows - r0) rows from r0
+template <int R, int NK>
+void rows_pass_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, int64_t lo, int64_t hi) {
+  if constexpr (R > 1) {
+    if (a.rows - r0 < R) return rows_pass_q8<R - 1, NK>(a, qq, r0, j0, lo, hi);
+  }
+  rows_block_q8<R, NK>(a, qq, r0, j0, lo, hi);
 }
 
 template <KvType T>
@@ -347,8 +382,17 @@ void attend_avx512(const AttendArgs& a) {
   for (int64_t j0 = 0; j0 < a.n; j0 += kBlock) {
     const int64_t lo = std::max<int64_t>(a.first - j0, 0), hi = std::min<int64_t>(a.n - j0, kBlock);
     if (lo >= hi) continue;
-    for (int r0 = 0; r0 < a.rows; r0 += kRowsPerPass)
-      rows_pass<T, kRowsPerPass>(a, qq ? &*qq : nullptr, r0, j0, lo, hi, s);
+    if constexpr (T == KvType::q8_0) {
+      const int64_t hi2 = std::min<int64_t>(a.n - j0, 2 * kBlock);  // two blocks a step where both hold keys
+      if (hi2 > kBlock) {
+        for (int r0 = 0; r0 < a.rows; r0 += kRowsPerPass) rows_pass_q8<kRowsPerPass, 2>(a, *qq, r0, j0, lo, hi2);
+        j0 += kBlock;
+      } else {
+        for (int r0 = 0; r0 < a.rows; r0 += kRowsPerPass) rows_pass_q8<kRowsPerPass, 1>(a, *qq, r0, j0, lo, hi);
+      }
+    } else {
+      for (int r0 = 0; r0 < a.rows; r0 += kRowsPerPass) rows_pass<T, kRowsPerPass>(a, r0, j0, lo, hi, s);
+    }
   }
 }
 
