@@ -571,7 +571,8 @@ void q4K_pair(int64_t nsb, const Rows& a_rows, const Rows& b_rows, const uint8_t
 // burst held the loop's own loads behind it. Zen 4, alternated with the burst (session 42,
 // `strata_bench_kernels --benchmark_filter='BM_matmul_backend/q[46]_K/'`), of the DRAM probe:
 // Q6_K one token 0.36-0.44 -> 0.69-0.86, four tokens 0.23-0.28 -> 0.51-0.73; Q4_K four tokens
-// 0.35-0.45 -> 0.50-0.77.
+// 0.35-0.45 -> 0.50-0.77. Not re-measured on Zen 5, where a driver of session 30 found four
+// prefetches into L1 a loop step 5-10% slower than the burst paced over an unrolled loop.
 constexpr size_t kPrefetchAhead = 2 * kRows * sizeof(block_q4_K);
 // Q6_K's: two of its super-blocks (one and a third, as Q4_K's bytes: BM_expert_ffn/q6_K 0.70-0.72
 // of the probe, two 0.76-0.80, three 0.72-0.82)
@@ -1013,7 +1014,8 @@ void gemv_q6K_interleaved(const Q6Interleaved& src, const uint8_t* a, float* y) 
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* dw = src.dwords(sb);
     // the super-block's 53 lines kPrefetchAheadQ6 on, 4 with each of the loop's 16 steps
-    const char* pf = reinterpret_cast<const char*>(src.group + size_t(sb) * sizeof(block_q6_K) * kRows) + kPrefetchAheadQ6;
+    const char* pf =
+        reinterpret_cast<const char*>(src.group + size_t(sb) * sizeof(block_q6_K) * kRows) + kPrefetchAheadQ6;
     const uint8_t* ab = a + size_t(sb) * sizeof(block_q8_K);
     const uint8_t* aq = ab + kQ8KQs;
     int16_t bsums[16];
@@ -1068,7 +1070,8 @@ void gemv_q6K_interleaved_tokens(const Q6Interleaved& src, const uint8_t* a, siz
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* dw = src.dwords(sb);
-    const char* pf = reinterpret_cast<const char*>(src.group + size_t(sb) * sizeof(block_q6_K) * kRows) + kPrefetchAheadQ6;
+    const char* pf =
+        reinterpret_cast<const char*>(src.group + size_t(sb) * sizeof(block_q6_K) * kRows) + kPrefetchAheadQ6;
     const uint8_t* ab[T];
     for (int t = 0; t < T; ++t) ab[t] = a + size_t(t) * a_stride + size_t(sb) * sizeof(block_q8_K);
     __m512i sumi[T];
