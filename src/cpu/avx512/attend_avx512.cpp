@@ -169,13 +169,13 @@ inline __m512 add_op(__m512 x, __m512 y) { return _mm512_add_ps(x, y); }
 
 // ---- q8_0 values in integers ----
 //
-// A block's softmax weights times the value rows' scales, w_j = p_j d_j (p_j = exp(s_j - the
-// block's max score) <= 1), are rounded to int16 against the block's largest scale: 32767 w_j /
+// A step's softmax weights times the value rows' scales, w_j = p_j d_j (p_j = exp(s_j - the
+// step's max score) <= 1), are rounded to int16 against the step's largest scale: 32767 w_j /
 // dmax. Then vpdpwssd takes two keys a lane: (w_j, w_j+1) broadcast against the int8 quants of
 // rows j and j + 1 widened to int16 and interleaved by column; the exact int32 sums go to floats
-// once per block, times dmax / 32767 and the block's exp(max - m). Per key and 16 columns that is
+// once per step, times dmax / 32767 and the step's exp(max - m). Per key and 16 columns that is
 // one vpdpwssd a row for half a key, where widening to floats cost a conversion chain and one FMA
-// a row per key. The rounding of w_j is at most 2^-16 of the block's largest weight, where the
+// a row per key. The rounding of w_j is at most 2^-16 of the step's largest weight, where the
 // values' own q8_0 step is 2^-7 of their block's largest.
 
 // The dword of a row's weights that holds the int16 weights of keys 2i and 2i + 1 of a step: per
@@ -287,7 +287,8 @@ void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, i
   __m512i rows_at[NV];
   rows_at[0] = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                   _mm512_set1_epi32(int(a.v_row_stride)));
-  for (int i = 1; i < NV; ++i) rows_at[i] = _mm512_add_epi32(rows_at[i - 1], _mm512_set1_epi32(int(16 * a.v_row_stride)));
+  const __m512i rows16 = _mm512_set1_epi32(int(16 * a.v_row_stride));
+  for (int i = 1; i < NV; ++i) rows_at[i] = _mm512_add_epi32(rows_at[i - 1], rows16);
   float scale[R];
   for (int64_t b = 0; b < nb; ++b) {
     // the value rows' scales of block b (0 outside [lo, hi): the unwritten slots may hold anything)
@@ -303,10 +304,11 @@ void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, i
     const __m512 k = _mm512_set1_ps(dmax > 0 ? 32767.0f / dmax : 0.0f);
     for (int i = 0; i < NV; ++i) dn[i] = _mm512_mul_ps(dn[i], k);
     for (int r = 0; r < R; ++r) {
+      const auto weights16 = [&](int i) {  // keys 16 i .. 16 i + 15 of row r as int32
+        return _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(sb + r * NB + 16 * i), dn[i]));
+      };
       for (int i = 0; i < NV; i += 2)
-        _mm512_store_si512(w + r * WS + 8 * i,
-                           _mm512_packs_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(sb + r * NB + 16 * i), dn[i])),
-                                              _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(sb + r * NB + 16 * i + 16), dn[i + 1]))));
+        _mm512_store_si512(w + r * WS + 8 * i, _mm512_packs_epi32(weights16(i), weights16(i + 1)));
       scale[r] = e[r] * (dmax / 32767.0f);
     }
     values_q8<R, WS>(w, corr, scale, j_lo, hi, v, a.v_row_stride, b, a.o + r0 * a.dv, a.dv, pf);
