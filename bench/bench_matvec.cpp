@@ -61,8 +61,11 @@ void BM_matvec(benchmark::State& state, GgmlType type, CpuIsa isa, int64_t n_in,
   std::vector<uint8_t> xq(quantized ? ggml_row_bytes(qt.vec_dot_type, uint64_t(n_in)) : 0);
   std::vector<float> y(static_cast<size_t>(n_out));
   cpu::ThreadPool& pool = cpu::compute_pool();
-  const int64_t chunk = cpu::Matmul::rows_per_task(n_out, pool.size());
-  const int64_t n_tasks = (n_out + chunk - 1) / chunk;
+  // the engine's decode tasks (Matmul::matmul_batch): guided row counts
+  std::vector<int64_t> starts{0};
+  for (int64_t n : cpu::Matmul::guided_rows(n_out, pool.size(), cpu::Matmul::min_task_rows(w.stack().row_bytes)))
+    starts.push_back(starts.back() + n);
+  const int64_t n_tasks = int64_t(starts.size()) - 1;
   const Weight stack = w.stack();
   int64_t next = 0;
   DramTracker dram(state);
@@ -71,7 +74,7 @@ void BM_matvec(benchmark::State& state, GgmlType type, CpuIsa isa, int64_t n_in,
     if (quantized) k.quantize(qt.vec_dot_type)(x.data(), xq.data(), n_in);
     const void* a = quantized ? static_cast<const void*>(xq.data()) : x.data();
     pool.run(n_tasks, [&](int64_t task, int) {
-      const int64_t r0 = task * chunk, r1 = std::min(n_out, r0 + chunk);
+      const int64_t r0 = starts[size_t(task)], r1 = starts[size_t(task) + 1];
       k.gemm_tile(type, n_in, m.row(r0), m.row_bytes, r1 - r0, a, 0, 1, y.data() + r0, n_out);
     });
     benchmark::DoNotOptimize(y.data());

@@ -321,3 +321,70 @@ TEST(RowChunks, EveryRowOnceAndSmallOnesOnTheCaller) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// Decode's task sizes (Matmul::guided_rows): every row once, in multiples of 16 but the last, long
+// first, none shorter than the minimum but the last.
+TEST(MatmulTasks, GuidedRowsCoverEveryRowLongestFirst) {
+  for (int64_t total : {1, 15, 16, 17, 100, 768 * 8, 5120, 151936})
+    for (int threads : {1, 2, 3, 16})
+      for (int64_t min_rows : {0, 40, 1000}) {
+        const std::vector<int64_t> rows = cpu::Matmul::guided_rows(total, threads, min_rows);
+        int64_t sum = 0;
+        for (size_t i = 0; i < rows.size(); ++i) {
+          sum += rows[i];
+          if (i + 1 == rows.size()) continue;
+          EXPECT_EQ(rows[i] % 16, 0) << total << " " << threads << " " << min_rows;
+          EXPECT_GE(rows[i], std::max<int64_t>(16, min_rows)) << total << " " << threads;
+          EXPECT_GE(rows[i], rows[i + 1]) << total << " " << threads;
+        }
+        EXPECT_EQ(sum, total) << threads << " " << min_rows;
+        if (total >= 4 * 16 * threads && min_rows == 0) {
+          EXPECT_GE(int64_t(rows.size()), 2 * threads) << total;
+        }
+      }
+}
+
+// A batch of matrices whose row counts are not multiples of 16 (the guided tasks cut at each
+// matrix's end and go on in the next): the rows of each equal its own matmul's, which equal a
+// double reference.
+TEST(MatmulTasks, BatchOfOddSizedMatricesMatchesOneByOne) {
+  std::mt19937_64 rng(fresh_seed());
+  const int64_t n_in = 256;
+  const int64_t sizes[] = {40, 1000, 17, 333};
+  std::vector<Stack> mats;
+  for (int64_t n_out : sizes) mats.push_back(random_stack(rng, GgmlType::q8_0, n_in, n_out, 1));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n_in));
+  for (float& v : x) v = nd(rng);
+  const cpu::Matmul mm;
+  std::vector<std::vector<float>> got, want;
+  std::vector<cpu::Matmul::MatmulOut> outs;
+  for (const Stack& s : mats) {
+    got.emplace_back(size_t(s.w.n_out), NAN);
+    want.emplace_back(size_t(s.w.n_out), NAN);
+  }
+  for (size_t i = 0; i < mats.size(); ++i) outs.push_back({&mats[i].w, got[i].data()});
+  mm.matmul_batch(outs, x.data(), 1);
+  for (size_t i = 0; i < mats.size(); ++i) {
+    mm.matmul(mats[i].w, x.data(), 1, want[i].data());
+    EXPECT_EQ(std::memcmp(got[i].data(), want[i].data(), want[i].size() * sizeof(float)), 0) << "matrix " << i;
+    const QuantTraits& q = quant_traits(GgmlType::q8_0);
+    std::vector<float> row(static_cast<size_t>(n_in));
+    for (int64_t r = 0; r < mats[i].w.n_out; ++r) {
+      q.dequantize_row(mats[i].w.row(r), row.data(), n_in);
+      double ref = 0, mag = 0;
+      for (int64_t k = 0; k < n_in; ++k) {
+        ref += double(row[size_t(k)]) * x[size_t(k)];
+        mag += std::fabs(double(row[size_t(k)]) * x[size_t(k)]);
+      }
+      // the activations rounded to Q8_0: about 1/254 of each product
+      ASSERT_NEAR(got[i][size_t(r)], ref, 1e-2 * mag + 1e-6) << "matrix " << i << " row " << r;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata

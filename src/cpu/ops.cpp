@@ -102,10 +102,20 @@ void Matmul::tile(const Weight& w, int64_t r0, int64_t r1, const ActRows& a, flo
   }
 }
 
-int64_t Matmul::rows_per_task(int64_t n_out, int n_threads) {
-  // about 4 tasks per thread, at least 16 rows, a multiple of 16
-  const int64_t want = n_out / (4 * int64_t(n_threads));
-  return std::max<int64_t>(16, want / 16 * 16);
+std::vector<int64_t> Matmul::guided_rows(int64_t total, int n_threads, int64_t min_rows) {
+  min_rows = std::max<int64_t>(16, (min_rows + 15) / 16 * 16);
+  std::vector<int64_t> rows;
+  for (int64_t left = total; left > 0;) {
+    const int64_t share = (left / (2 * int64_t(n_threads)) + 15) / 16 * 16;
+    const int64_t n = std::min(left, std::max(min_rows, share));
+    rows.push_back(n);
+    left -= n;
+  }
+  return rows;
+}
+
+int64_t Matmul::min_task_rows(size_t row_bytes) {
+  return int64_t(kMinTaskBytes / std::max<size_t>(row_bytes, 1));
 }
 
 void Matmul::matmul(const Weight& w, const float* x, int64_t n_tok, float* y) const {
@@ -147,21 +157,46 @@ void Matmul::matmul_batch(std::span<const MatmulOut> outs, const float* x, int64
     int64_t r0, r1, t0, t1;
   };
   const bool tiled = n_tok >= kTileMinTokens;
-  int64_t total_rows = 0;
-  for (const MatmulOut& o : outs) total_rows += o.w->n_out;
-  const std::vector<Task> tasks = tiled_tasks(pool.size(), tiled, [&](int64_t tile_rows) {
-    std::vector<Task> v;
+  std::vector<Task> tasks;
+  if (tiled) {
+    tasks = tiled_tasks(pool.size(), tiled, [&](int64_t tile_rows) {
+      std::vector<Task> v;
+      for (size_t i = 0; i < outs.size(); ++i) {
+        if (done[i]) continue;
+        const int64_t n_out = outs[i].w->n_out;
+        for (int64_t t0 = 0; t0 < n_tok; t0 += kTileTokens)
+          for (int64_t r0 = 0; r0 < n_out; r0 += tile_rows)
+            v.push_back({uint32_t(i), r0, std::min(n_out, r0 + tile_rows), t0, std::min(n_tok, t0 + kTileTokens)});
+      }
+      return v;
+    });
+  } else {
+    // guided over the matrices' rows one after another, each task within one matrix
+    int64_t total_rows = 0;
+    size_t total_bytes = 0;
     for (size_t i = 0; i < outs.size(); ++i) {
       if (done[i]) continue;
-      const int64_t n_out = outs[i].w->n_out;
-      const int64_t chunk = tiled ? tile_rows : std::min(rows_per_task(total_rows, pool.size()), (n_out + 15) / 16 * 16);
-      const int64_t tok_chunk = tiled ? kTileTokens : n_tok;
-      for (int64_t t0 = 0; t0 < n_tok; t0 += tok_chunk)
-        for (int64_t r0 = 0; r0 < n_out; r0 += chunk)
-          v.push_back({uint32_t(i), r0, std::min(n_out, r0 + chunk), t0, std::min(n_tok, t0 + tok_chunk)});
+      total_rows += outs[i].w->n_out;
+      total_bytes += size_t(outs[i].w->n_out) * outs[i].w->row_bytes;
     }
-    return v;
-  });
+    const int64_t min_rows = min_task_rows(total_bytes / size_t(std::max<int64_t>(total_rows, 1)));
+    size_t i = 0;
+    int64_t r0 = 0;
+    for (int64_t n : guided_rows(total_rows, pool.size(), min_rows)) {
+      while (n > 0) {
+        while (i < outs.size() && (done[i] || r0 == outs[i].w->n_out)) {  // the next matrix, from row 0
+          ++i;
+          r0 = 0;
+          n = (n + 15) / 16 * 16;
+        }
+        if (i == outs.size()) break;
+        const int64_t r1 = std::min(outs[i].w->n_out, r0 + n);
+        tasks.push_back({uint32_t(i), r0, r1, 0, n_tok});
+        n -= r1 - r0;
+        r0 = r1;
+      }
+    }
+  }
   pool.run(int64_t(tasks.size()), [&](int64_t k, int) {
     const Task& t = tasks[size_t(k)];
     const Weight& w = *outs[t.out].w;

@@ -59,9 +59,16 @@ class Matmul {
   // on the calling thread. W is a 2D weight (a slice of a stack); a was prepared for W's type.
   void tile(const Weight& w, int64_t r0, int64_t r1, const ActRows& a, float* y, int64_t ldy) const;
 
-  // Rows per task for a matrix of n_out rows: a multiple of 16 (the tile kernels' row block) that
-  // gives every thread several tasks.
-  static int64_t rows_per_task(int64_t n_out, int n_threads);
+  // Few tokens (decode): the row counts of the tasks that cut `total` rows for n_threads taking
+  // them in order (guided scheduling): each a 1 / (2 n_threads) share of the rows still left,
+  // a multiple of 16 (the kernels' row group), at least min_rows (a short task pays its start
+  // from DRAM, a few hundred nanoseconds). The first tasks are long, the last short, so the
+  // threads finish within a short task of each other; with four equal tasks a thread the pool
+  // waited on the last of them, 8-22 us a dispatch (30B-A3B decode, q/k/v and the experts).
+  static std::vector<int64_t> guided_rows(int64_t total, int n_threads, int64_t min_rows);
+  // min_rows of guided_rows for rows of row_bytes bytes: kMinTaskBytes of them
+  static constexpr size_t kMinTaskBytes = 64 * 1024;
+  static int64_t min_task_rows(size_t row_bytes);
   // From kTileMinTokens activation rows on, matmuls are cut into tiles of up to kTileRows weight
   // rows by kTileTokens activation rows. A tile's first 16-row group waits on DRAM (the kernels
   // prefetch only within a tile), so tiles are long: 256 rows made a 512-token prefill of the

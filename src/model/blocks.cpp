@@ -152,11 +152,14 @@ struct RowTask {
   bool down = false;
 };
 
-// Cuts rows [r_begin, r_end) of every FFN's gate/up into tasks, about kTasksPerThread per thread
-// over the whole batch (so that one expert with many tokens and seven with one stay balanced), in multiples
-// of 16 rows; an FFN with many tokens is cut into L2-sized tiles of rows by tokens
-// (Matmul::kTile*). `order`: the FFNs in the order their tasks are taken (ready ones first).
-// Blocks are numbered by (FFN, token range) whatever the rows, so calls for other row ranges agree.
+// Cuts rows [r_begin, r_end) of every FFN's gate/up into tasks, in multiples of 16 rows. Few tokens
+// in every FFN (decode): guided over the FFNs' rows one after another (Matmul::guided_rows: long
+// tasks first, short last; with four even tasks a thread, one thread waited for the other's last
+// at every layer). Else about kTasksPerThread per thread over the whole batch (so that one expert
+// with many tokens and seven with one stay balanced), an FFN with many tokens cut into L2-sized
+// tiles of rows by tokens (Matmul::kTile*). `order`: the FFNs in the order their tasks are taken
+// (ready ones first). Blocks are numbered by (FFN, token range) whatever the rows, so calls for
+// other row ranges agree.
 constexpr int64_t kTasksPerThread = 4;
 std::vector<RowTask> row_tasks(const std::vector<FfnWork>& ffns, const std::vector<int32_t>& order, int64_t r_begin,
                                int64_t r_end, int n_threads) {
@@ -168,6 +171,35 @@ std::vector<RowTask> row_tasks(const std::vector<FfnWork>& ffns, const std::vect
   const bool any_tiled = std::any_of(ffns.begin(), ffns.end(), [](const FfnWork& f) {
     return int64_t(f.tokens.size()) >= Matmul::kTileMinTokens;
   });
+  if (!any_tiled) {
+    // few tokens (decode): guided over the FFNs' rows one after another (FFNs without tokens have
+    // no block, as below)
+    std::vector<int32_t> live;
+    size_t bytes = 0;
+    for (int32_t e : order)
+      if (!ffns[size_t(e)].tokens.empty()) {
+        live.push_back(e);
+        bytes += ffns[size_t(e)].gate.row_bytes + ffns[size_t(e)].up.row_bytes;
+      }
+    const int64_t min_rows = Matmul::min_task_rows(bytes / std::max<size_t>(live.size(), 1));
+    std::vector<RowTask> tasks;
+    size_t i = 0;
+    int64_t r0 = r_begin;
+    for (int64_t n : Matmul::guided_rows(n_rows * int64_t(live.size()), n_threads, min_rows)) {
+      while (n > 0 && i < live.size()) {
+        const int64_t r1 = std::min(r_end, r0 + n);
+        tasks.push_back({live[i], int32_t(i), r0, r1, 0, int64_t(ffns[size_t(live[i])].tokens.size())});
+        n -= r1 - r0;
+        r0 = r1;
+        if (r0 == r_end) {  // the rest of the task's rows go on in the next FFN
+          ++i;
+          r0 = r_begin;
+          n = (n + 15) / 16 * 16;
+        }
+      }
+    }
+    return tasks;
+  }
   return Matmul::tiled_tasks(n_threads, any_tiled, [&](int64_t tile_rows) {
     std::vector<RowTask> tasks;
     int32_t block = 0;
@@ -287,6 +319,11 @@ void run_ffns(const cpu::Matmul& be, const std::vector<FfnWork>& ffns, const flo
   const int n_groups = sharded ? numa->n_groups() : 1;
   std::vector<RowTask> tasks;
   std::vector<int64_t> starts{0};
+  const bool few_tokens = std::none_of(ffns.begin(), ffns.end(), [](const FfnWork& f) {
+    return int64_t(f.tokens.size()) >= cpu::Matmul::kTileMinTokens;
+  });
+  size_t down_col_bytes = 0;  // a down task's bytes per column of out
+  for (const FfnWork& f : ffns) down_col_bytes += f.down.row_bytes;
   for (int g = 0; g < n_groups; ++g) {
     const auto [f0, f1] = sharded ? numa->rows(g, F) : std::pair<int64_t, int64_t>{0, F};
     const auto [e0, e1] = sharded ? numa->rows(g, E) : std::pair<int64_t, int64_t>{0, E};
@@ -295,13 +332,22 @@ void run_ffns(const cpu::Matmul& be, const std::vector<FfnWork>& ffns, const flo
       const std::vector<RowTask> part = row_tasks(ffns, order, f0, f1, threads);
       tasks.insert(tasks.end(), part.begin(), part.end());
     }
-    // down: a chunk of out's columns per thread, each over every FFN (the tasks are even: every
-    // one runs all the FFNs' tokens). Smaller chunks cost each FFN's down a cold start more
-    // often: two or four a thread read 2-6% slower in decode (BM_expert_ffn/q4_K/16_layers:
-    // 1.05 / 1.00 against 1.08 of the DRAM probe) and ran pp512's experts 2-4% slower.
-    constexpr int64_t kDownTasksPerThread = 1;
-    const int64_t chunk = std::max<int64_t>(16, (e1 - e0) / (kDownTasksPerThread * threads) / 16 * 16);
-    for (int64_t r0 = e0; r0 < e1; r0 += chunk) tasks.push_back({-1, -1, r0, std::min(e1, r0 + chunk), 0, 0, true});
+    // down: chunks of out's columns, each over every FFN (the tasks are even: every one runs all
+    // the FFNs' tokens). Many tokens: one chunk a thread; smaller chunks cost each FFN's down a cold
+    // start more often (two or four a thread ran pp512's experts 2-4% slower). Few tokens
+    // (decode): guided, long chunks first (Matmul::guided_rows, at least 64 KB of the FFNs' down
+    // rows): with one chunk a thread, the thread that finished gate/up first waited 2-5 ms a token
+    // at the end of the layers' expert dispatches (30B-A3B, tg128), 0.4-0.7 ms with these.
+    if (few_tokens) {
+      int64_t r0 = e0;
+      for (int64_t n : cpu::Matmul::guided_rows(e1 - e0, threads, cpu::Matmul::min_task_rows(down_col_bytes))) {
+        tasks.push_back({-1, -1, r0, r0 + n, 0, 0, true});
+        r0 += n;
+      }
+    } else {
+      const int64_t chunk = std::max<int64_t>(16, (e1 - e0) / threads / 16 * 16);
+      for (int64_t r0 = e0; r0 < e1; r0 += chunk) tasks.push_back({-1, -1, r0, std::min(e1, r0 + chunk), 0, 0, true});
+    }
     starts.push_back(int64_t(tasks.size()));
   }
   int32_t n_blocks = 0;
