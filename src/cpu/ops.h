@@ -63,8 +63,9 @@ class Matmul {
   // them in order (guided scheduling): each a 1 / (2 n_threads) share of the rows still left,
   // a multiple of 16 (the kernels' row group), at least min_rows (a short task pays its start
   // from DRAM, a few hundred nanoseconds). The first tasks are long, the last short, so the
-  // threads finish within a short task of each other; with four equal tasks a thread the pool
-  // waited on the last of them, 8-22 us a dispatch (30B-A3B decode, q/k/v and the experts).
+  // threads finish within a short task of each other: with four even tasks a thread, one thread
+  // waited 23-26 us a dispatch for the other's last (30B-A3B decode's q/k/v, o, router and head;
+  // rdtsc counts in ThreadPool::dispatch), 5-7 us guided.
   static std::vector<int64_t> guided_rows(int64_t total, int n_threads, int64_t min_rows);
   // min_rows of guided_rows for rows of row_bytes bytes: kMinTaskBytes of them
   static constexpr size_t kMinTaskBytes = 64 * 1024;
