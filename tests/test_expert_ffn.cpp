@@ -347,6 +347,28 @@ TEST(MatmulTasks, GuidedRowsCoverEveryRowLongestFirst) {
       }
 }
 
+// guided_ranges over parts (matrices, experts): every row of every part once, in order, each task
+// within one part and starting on a 16-row boundary of it.
+TEST(MatmulTasks, GuidedRangesCoverEveryPartOnce) {
+  const std::vector<std::vector<int64_t>> cases = {{40, 1000, 17, 333}, {768, 768, 768}, {0, 16, 0, 5}, {1}, {}};
+  for (const std::vector<int64_t>& parts : cases)
+    for (int threads : {1, 2, 5}) {
+      std::vector<int64_t> next(parts.size(), 0);  // each part's next uncovered row
+      int64_t last_part = 0;
+      for (const cpu::Matmul::RowRange& r : cpu::Matmul::guided_ranges(parts, threads, 32)) {
+        ASSERT_LT(size_t(r.part), parts.size());
+        EXPECT_GE(r.part, last_part);
+        EXPECT_EQ(r.r0, next[size_t(r.part)]) << "part " << r.part;
+        EXPECT_EQ(r.r0 % 16, 0);
+        EXPECT_LT(r.r0, r.r1);
+        EXPECT_LE(r.r1, parts[size_t(r.part)]);
+        next[size_t(r.part)] = r.r1;
+        last_part = r.part;
+      }
+      for (size_t i = 0; i < parts.size(); ++i) EXPECT_EQ(next[i], parts[i]) << "part " << i << " threads " << threads;
+    }
+}
+
 // A batch of matrices whose row counts are not multiples of 16 (the guided tasks cut at each
 // matrix's end and go on in the next): the rows of each equal its own matmul's, which equal a
 // double reference.

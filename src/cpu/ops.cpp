@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "base/error.h"
@@ -114,6 +115,30 @@ std::vector<int64_t> Matmul::guided_rows(int64_t total, int n_threads, int64_t m
   return rows;
 }
 
+std::vector<Matmul::RowRange> Matmul::guided_ranges(std::span<const int64_t> parts, int n_threads,
+                                                   int64_t min_rows) {
+  int64_t total = 0;
+  for (int64_t p : parts) total += p;
+  std::vector<RowRange> out;
+  size_t i = 0;
+  int64_t r0 = 0;
+  for (int64_t n : guided_rows(total, n_threads, min_rows)) {
+    while (n > 0) {
+      while (i < parts.size() && r0 == parts[i]) {  // the next part, from row 0
+        ++i;
+        r0 = 0;
+        n = (n + 15) / 16 * 16;
+      }
+      if (i == parts.size()) break;
+      const int64_t r1 = std::min(parts[i], r0 + n);
+      out.push_back({int64_t(i), r0, r1});
+      n -= r1 - r0;
+      r0 = r1;
+    }
+  }
+  return out;
+}
+
 int64_t Matmul::min_task_rows(size_t row_bytes) {
   return int64_t(kMinTaskBytes / std::max<size_t>(row_bytes, 1));
 }
@@ -172,30 +197,17 @@ void Matmul::matmul_batch(std::span<const MatmulOut> outs, const float* x, int64
     });
   } else {
     // guided over the matrices' rows one after another, each task within one matrix
-    int64_t total_rows = 0;
-    size_t total_bytes = 0;
+    std::vector<int64_t> rows(outs.size(), 0);
+    size_t bytes = 0;
     for (size_t i = 0; i < outs.size(); ++i) {
       if (done[i]) continue;
-      total_rows += outs[i].w->n_out;
-      total_bytes += size_t(outs[i].w->n_out) * outs[i].w->row_bytes;
+      rows[i] = outs[i].w->n_out;
+      bytes += size_t(rows[i]) * outs[i].w->row_bytes;
     }
-    const int64_t min_rows = min_task_rows(total_bytes / size_t(std::max<int64_t>(total_rows, 1)));
-    size_t i = 0;
-    int64_t r0 = 0;
-    for (int64_t n : guided_rows(total_rows, pool.size(), min_rows)) {
-      while (n > 0) {
-        while (i < outs.size() && (done[i] || r0 == outs[i].w->n_out)) {  // the next matrix, from row 0
-          ++i;
-          r0 = 0;
-          n = (n + 15) / 16 * 16;
-        }
-        if (i == outs.size()) break;
-        const int64_t r1 = std::min(outs[i].w->n_out, r0 + n);
-        tasks.push_back({uint32_t(i), r0, r1, 0, n_tok});
-        n -= r1 - r0;
-        r0 = r1;
-      }
-    }
+    const int64_t total_rows = std::accumulate(rows.begin(), rows.end(), int64_t(0));
+    const int64_t min_rows = min_task_rows(bytes / size_t(std::max<int64_t>(total_rows, 1)));
+    for (const RowRange& r : guided_ranges(rows, pool.size(), min_rows))
+      tasks.push_back({uint32_t(r.part), r.r0, r.r1, 0, n_tok});
   }
   pool.run(int64_t(tasks.size()), [&](int64_t k, int) {
     const Task& t = tasks[size_t(k)];

@@ -67,6 +67,13 @@ class Matmul {
   // waited 23-26 us a dispatch for the other's last (30B-A3B decode's q/k/v, o, router and head;
   // rdtsc counts in ThreadPool::dispatch), 5-7 us guided.
   static std::vector<int64_t> guided_rows(int64_t total, int n_threads, int64_t min_rows);
+  // guided_rows over parts of parts[i] rows one after another (several matrices, or experts):
+  // each task within one part, rows [r0, r1) of part `part`; what a part's end cuts off a task
+  // goes on in the next part (rounded up to 16 rows). Parts of 0 rows get no task.
+  struct RowRange {
+    int64_t part, r0, r1;
+  };
+  static std::vector<RowRange> guided_ranges(std::span<const int64_t> parts, int n_threads, int64_t min_rows);
   // min_rows of guided_rows for rows of row_bytes bytes: kMinTaskBytes of them
   static constexpr size_t kMinTaskBytes = 64 * 1024;
   static int64_t min_task_rows(size_t row_bytes);

@@ -182,21 +182,11 @@ std::vector<RowTask> row_tasks(const std::vector<FfnWork>& ffns, const std::vect
         bytes += ffns[size_t(e)].gate.row_bytes + ffns[size_t(e)].up.row_bytes;
       }
     const int64_t min_rows = Matmul::min_task_rows(bytes / std::max<size_t>(live.size(), 1));
+    const std::vector<int64_t> parts(live.size(), n_rows);
     std::vector<RowTask> tasks;
-    size_t i = 0;
-    int64_t r0 = r_begin;
-    for (int64_t n : Matmul::guided_rows(n_rows * int64_t(live.size()), n_threads, min_rows)) {
-      while (n > 0 && i < live.size()) {
-        const int64_t r1 = std::min(r_end, r0 + n);
-        tasks.push_back({live[i], int32_t(i), r0, r1, 0, int64_t(ffns[size_t(live[i])].tokens.size())});
-        n -= r1 - r0;
-        r0 = r1;
-        if (r0 == r_end) {  // the rest of the task's rows go on in the next FFN
-          ++i;
-          r0 = r_begin;
-          n = (n + 15) / 16 * 16;
-        }
-      }
+    for (const Matmul::RowRange& r : Matmul::guided_ranges(parts, n_threads, min_rows)) {
+      const int32_t e = live[size_t(r.part)];
+      tasks.push_back({e, int32_t(r.part), r_begin + r.r0, r_begin + r.r1, 0, int64_t(ffns[size_t(e)].tokens.size())});
     }
     return tasks;
   }
