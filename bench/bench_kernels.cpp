@@ -22,7 +22,8 @@
 //
 //  - BM_attend: the decode attention kernel alone (KernelTable::attend of each supported ISA), one
 //    thread, a GQA group of 8 query rows of 128 dims over 512 keys that stay in L2: the kernel's
-//    compute rate without DRAM's noise. Counter ns_per_key.
+//    compute rate without DRAM's noise. Counter ns_per_key. BM_attend/ISA/TYPE/dram: the same over
+//    131072 keys (35 MB of q8_0, 67 MB of f16: past the L3), what one thread gets from DRAM.
 //
 //  - BM_tile/TYPE/N: the tile kernel alone on one thread, 64 weight rows x 2048 in L2 against N
 //    quantized activation rows (a routed expert of pp512 sees about 32), GOPs and peak_frac of
@@ -91,9 +92,9 @@ void BM_attention_decode(benchmark::State& state, KvType type, int64_t depth) {
   set_bandwidth_counters(state, bytes, dram.kernel_seconds(), dram.mean_gbps());
 }
 
-void BM_attend(benchmark::State& state, cpu::CpuIsa isa, KvType type) {
+void BM_attend(benchmark::State& state, cpu::CpuIsa isa, KvType type, int64_t kKeys) {
   constexpr int kRows = 8;
-  constexpr int64_t kDim = 128, kKeys = 512;
+  constexpr int64_t kDim = 128;
   const size_t ks = cpu::kv_key_block_bytes(type, kDim), vs = cpu::kv_value_row_bytes(type, kDim);
   std::vector<uint8_t> k(size_t(kKeys / cpu::kKvKeyBlock) * ks), v(size_t(kKeys) * vs);
   std::mt19937 rng(6);
@@ -331,9 +332,11 @@ const int kRegistered = [] {
   for (cpu::CpuIsa isa : {cpu::CpuIsa::avx2, cpu::CpuIsa::avx512})
     if (cpu::isa_supported(isa))
       for (KvType type : {KvType::f16, KvType::q8_0})
-        benchmark::RegisterBenchmark(
-            (std::string("BM_attend/") + std::string(cpu::isa_name(isa)) + "/" + cpu::kv_type_name(type)).c_str(), BM_attend,
-            isa, type)
+        for (int64_t keys : {512, 131072})
+        benchmark::RegisterBenchmark((std::string("BM_attend/") + std::string(cpu::isa_name(isa)) + "/" +
+                                      cpu::kv_type_name(type) + (keys > 512 ? "/dram" : ""))
+                                         .c_str(),
+                                     BM_attend, isa, type, keys)
             ->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(1.0);
   for (KvType type : {KvType::f32, KvType::f16, KvType::q8_0})
     for (int64_t depth : {1024, 4096, 16384})

@@ -1,6 +1,7 @@
 // Decode attention kernels (kernels.h AttendFn) in 512-bit vectors, for each KV entry format.
 //
-// Per key block of 32 keys (q8_0: per step of two blocks wherever two are left, rows_block_q8),
+// Per key block of 32 keys (q8_0: per step of four blocks wherever four are left, else two,
+// rows_block_q8),
 // for up to 8 query rows at once (a GQA group of 8 in one pass, so the block's keys and values are
 // loaded and widened once for all of them; the 256-bit f32 / f16 kernels of ../avx2/attend_impl.h
 // take 4 rows a pass and widen every entry twice for such a group):
@@ -181,6 +182,7 @@ inline __m512 add_op(__m512 x, __m512 y) { return _mm512_add_ps(x, y); }
 // The dword of a row's weights that holds the int16 weights of keys 2i and 2i + 1 of a step: per
 // 32 keys one _mm512_packs_epi32(keys 0-15, keys 16-31), which interleaves its two sources by
 // 128-bit lane.
+// Periodic in 32 pairs (64 keys): pair p's dword is (p & ~31) + kPairDword[p & 31].
 constexpr int8_t kPairDword[32] = {0,  1,  4,  5,  8,  9,  12, 13, 2,  3,  6,  7,  10, 11, 14, 15,
                                    16, 17, 20, 21, 24, 25, 28, 29, 18, 19, 22, 23, 26, 27, 30, 31};
 
@@ -204,7 +206,7 @@ __attribute__((noinline)) void values_q8(const int32_t* w, const float* corr, co
     const __m512i v0 = _mm512_cvtepi8_epi16(load32(row));
     const __m512i v1 = _mm512_cvtepi8_epi16(load32(row + row_stride));
     const __m512i lo = _mm512_unpacklo_epi16(v0, v1), hi_cols = _mm512_unpackhi_epi16(v0, v1);
-    const int32_t* wj = w + kPairDword[j / 2];
+    const int32_t* wj = w + ((j / 2) & ~int64_t(31)) + kPairDword[(j / 2) & 31];
     for (int r = 0; r < R; ++r) {
       const __m512i pw = _mm512_set1_epi32(wj[WS * r]);
       acc[r][0] = _mm512_dpwssd_epi32(acc[r][0], lo, pw);
@@ -226,14 +228,16 @@ __attribute__((noinline)) void values_q8(const int32_t* w, const float* corr, co
 }
 
 // rows_block for q8_0 entries, one step over NK consecutive key blocks (keys [lo, hi) of the NK *
-// 32 from j0; NK = 2 wherever two blocks are left, as the 256-bit kernel's two-block step):
-// integer scores, the softmax step against the step's own max, then each value block in integers
-// (values_q8) over all the step's keys. Two blocks a step halve what each step costs besides its
-// keys (the reductions across rows, the value loops' start and their o rows); the int32 sums stay
-// far from overflow (64 keys x 32767 x 128 < 2^28).
+// 32 from j0; NK = 4 wherever four blocks are left, else 2 wherever two are, else 1): integer
+// scores, the softmax step against the step's own max, then each value block in integers
+// (values_q8) over all the step's keys. Longer steps share what each step costs besides its keys
+// (the reductions across rows, the value scales' gathers and maxima, the value loops' start and
+// their o rows): one block to two took Zen 4 from 26.1-27.8 to 23.5-24.1 ns a key, two to four
+// 24.3-25.9 to 23.8-24.6 (BM_attend/avx512/q8_0, one thread, 512 keys in L2, sessions 42 and 44).
+// The int32 sums stay far from overflow (128 keys x 32767 x 128 < 2^29).
 template <int R, int NK>
 void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, int64_t lo, int64_t hi) {
-  static_assert(NK == 1 || NK == 2);
+  static_assert(NK == 1 || NK == 2 || NK == 4);
   constexpr int64_t NB = NK * kBlock;  // keys a step
   constexpr int NV = int(NB / 16);     // score vectors a row
   const uint8_t* blk = a.k + size_t(j0 / kBlock) * a.k_block_stride;
@@ -246,8 +250,10 @@ void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, i
   pf.rest();
   // per row: the step's max score bm over [lo, hi), m' = max(m, bm), the correction exp(m - m')
   // of what o holds, the step's factor exp(bm - m'), and its weights exp(s - bm) (0 outside)
-  const uint64_t live = (hi - lo >= 64 ? ~uint64_t(0) : ((uint64_t(1) << (hi - lo)) - 1)) << lo;
-  const auto live16 = [&](int i) { return __mmask16(live >> (16 * i)); };
+  const auto live16 = [&](int i) {  // keys [lo, hi) among 16 i .. 16 i + 15
+    const int64_t a0 = std::clamp<int64_t>(lo - 16 * i, 0, 16), a1 = std::clamp<int64_t>(hi - 16 * i, 0, 16);
+    return __mmask16(((1u << a1) - 1) & ~((1u << a0) - 1));
+  };
   const __mmask16 rows = __mmask16((1u << R) - 1);
   const __m512 ninf = _mm512_set1_ps(-INFINITY);
   const auto score = [&](int r, int i) {
@@ -385,8 +391,13 @@ void attend_avx512(const AttendArgs& a) {
     const int64_t lo = std::max<int64_t>(a.first - j0, 0), hi = std::min<int64_t>(a.n - j0, kBlock);
     if (lo >= hi) continue;
     if constexpr (T == KvType::q8_0) {
-      const int64_t hi2 = std::min<int64_t>(a.n - j0, 2 * kBlock);  // two blocks a step where both hold keys
-      if (hi2 > kBlock) {
+      // four blocks a step where all four hold keys, else two where both do
+      const int64_t hi2 = std::min<int64_t>(a.n - j0, 2 * kBlock);
+      if (a.n - j0 > 3 * kBlock) {
+        const int64_t hi4 = std::min<int64_t>(a.n - j0, 4 * kBlock);
+        for (int r0 = 0; r0 < a.rows; r0 += kRowsPerPass) rows_pass_q8<kRowsPerPass, 4>(a, *qq, r0, j0, lo, hi4);
+        j0 += 3 * kBlock;
+      } else if (hi2 > kBlock) {
         for (int r0 = 0; r0 < a.rows; r0 += kRowsPerPass) rows_pass_q8<kRowsPerPass, 2>(a, *qq, r0, j0, lo, hi2);
         j0 += kBlock;
       } else {
