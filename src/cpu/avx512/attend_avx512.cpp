@@ -1,22 +1,21 @@
 // Decode attention kernels (kernels.h AttendFn) in 512-bit vectors, for each KV entry format.
 //
-// Per key block of 32 keys (q8_0: per step of four blocks wherever four are left, else two,
-// rows_block_q8),
-// for up to 8 query rows at once (a GQA group of 8 in one pass, so the block's keys and values are
-// loaded and widened once for all of them; the 256-bit f32 / f16 kernels of ../avx2/attend_impl.h
-// take 4 rows a pass and widen every entry twice for such a group):
-//   scores: the 32 keys as two 16-wide vectors, 2 accumulators a row (16 of the 32 registers),
-//           each widened key vector feeding every row (f16: vcvtph2ps); q8_0 keys in integers:
-//           the query quantized to q8_0 once a call, then per 16 keys and group of 32 dims 8
-//           vpdpbusd a row (4 dims a lane), the exact sums times the two scales;
-//   the block's online-softmax step per row;
-//   values: output tiles of 8 rows by 32 value columns accumulated over the block's keys, value
-//           rows widened as they are read; q8_0 values in integers: the block's softmax weights
+// Per step of two key blocks of 32 keys wherever two are left (q8_0: four wherever four are left,
+// else two; rows_block_q8), for up to 8 query rows at once (a GQA group of 8 in one pass, so the
+// step's keys and values are loaded and widened once for all of them; the 256-bit f32 / f16
+// kernels of ../avx2/attend_impl.h take 4 rows a pass and widen every entry twice for such a group):
+//   scores: per key block the 32 keys as two 16-wide vectors, 2 accumulators a row (16 of the 32
+//           registers), each widened key vector feeding every row (f16: vcvtph2ps); q8_0 keys in
+//           integers: the query quantized to q8_0 once a call, then per 16 keys and group of 32
+//           dims 8 vpdpbusd a row (4 dims a lane), the exact sums times the two scales;
+//   the step's online-softmax step per row;
+//   values: output tiles of 8 rows by 32 value columns accumulated over the step's keys, value
+//           rows widened as they are read; q8_0 values in integers: the step's softmax weights
 //           times the rows' scales rounded to int16, two keys a vpdpwssd lane against the int8
 //           quants (values_q8).
-// Nothing is widened into memory; the block's scores ([rows][32]) stay in L1. The first pass over
-// a block paces the prefetches (simd_common.h PacedPrefetch): its scores loop one line of the
-// block's value rows per dimension, its value loop one line of the next key block per key.
+// Nothing is widened into memory; the step's scores ([rows][keys]) stay in L1. The first pass over
+// a step paces the prefetches (simd_common.h PacedPrefetch): its scores loop one line of the
+// step's value rows per dimension, its value loop one line of the next step's key blocks per key.
 
 // GCC 12's avx512fintrin.h initialises its "undefined" vectors from themselves (GCC PR 105593),
 // which -Wuninitialized then reports at every inlined use; fixed in GCC 13.
@@ -94,9 +93,10 @@ void scores_block_q8(const QueryQ8View& qq, int r0, const uint8_t* blk, int64_t 
   }
 }
 
-// s[r][0 .. 32) = q_r . K_j for the R rows of q ([R][dk]) and the block's 32 keys (f32, f16).
+// s[r][0 .. 32) (rows lds apart) = q_r . K_j for the R rows of q ([R][dk]) and the block's 32 keys
+// (f32, f16).
 template <KvType T, int R>
-void scores_block(const float* q, int64_t dk, const uint8_t* blk, float* s, PacedPrefetch& pf) {
+void scores_block(const float* q, int64_t dk, const uint8_t* blk, float* s, int64_t lds, PacedPrefetch& pf) {
   __m512 a0[R], a1[R];
   for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
   auto step = [&](int64_t d, __m512 k0, __m512 k1) {
@@ -113,15 +113,16 @@ void scores_block(const float* q, int64_t dk, const uint8_t* blk, float* s, Pace
     step(d, load16f<T>(row), load16f<T>(row + 16 * es));
   }
   for (int r = 0; r < R; ++r) {
-    _mm512_storeu_ps(s + r * kBlock, a0[r]);
-    _mm512_storeu_ps(s + r * kBlock + 16, a1[r]);
+    _mm512_storeu_ps(s + r * lds, a0[r]);
+    _mm512_storeu_ps(s + r * lds + 16, a1[r]);
   }
 }
 
 // o[r][c0 .. c0 + 16 C) = o[r][..] corr[r] + sum over keys j in [lo, hi) of p[r][j] V_j (C = 1 or
-// 2 vectors of columns): R rows, value rows of the block's keys at v (row_stride bytes apart). Out
-// of line: inlined into rows_block, GCC 12 spilled the widened value vectors to the stack.
-template <KvType T, int R, int C>
+// 2 vectors of columns; p's rows NB floats apart): R rows, value rows of the step's keys at v
+// (row_stride bytes apart). Out of line: inlined into rows_block, GCC 12 spilled the widened value
+// vectors to the stack.
+template <KvType T, int R, int C, int NB>
 __attribute__((noinline)) void values_tile(const float* p, const float* corr, int64_t lo, int64_t hi,
                                            const uint8_t* v, size_t row_stride, int64_t c0, float* o, int64_t dv,
                                            PacedPrefetch& pf) {
@@ -136,7 +137,7 @@ __attribute__((noinline)) void values_tile(const float* p, const float* corr, in
     constexpr size_t es = entry_bytes<T>();
     for (int c = 0; c < C; ++c) vv[c] = load16f<T>(row + size_t(c0 + 16 * c) * es);
     for (int r = 0; r < R; ++r) {
-      const __m512 b = _mm512_set1_ps(p[r * kBlock + j]);
+      const __m512 b = _mm512_set1_ps(p[r * NB + j]);
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(b, vv[c], acc[r][c]);
     }
   }
@@ -322,55 +323,73 @@ void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, i
   pf.rest();
 }
 
-template <KvType T, int R>
+// rows_block for f32 / f16 entries over NK consecutive key blocks (keys [lo, hi) of the NK * 32
+// from j0; NK = 2 wherever two blocks are left): the scores of the step's keys, one softmax step
+// for them, then each value tile over all of them, so the o rows are loaded and stored, and each
+// row's maximum and sum reduced, once per step. s: [rows][NK * 32] floats. Two blocks a step
+// against one, f16 on Zen 4 (BM_attend/avx512/f16, one thread, CPU time a call of 512 keys, 5
+// alternated runs while the other core built): 25.6-25.8 -> 23.3-25.8 us (mostly 23.3-23.9); over
+// 131072 keys from DRAM 7089-7758 -> 6813-7016 us (session 44).
+template <KvType T, int R, int NK>
 void rows_block(const AttendArgs& a, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
+  static_assert(NK == 1 || NK == 2);
+  constexpr int NB = NK * int(kBlock), NV = NB / 16;
   const uint8_t* blk = a.k + size_t(j0 / kBlock) * a.k_block_stride;
   const uint8_t* v = a.v + size_t(j0) * a.v_row_stride;
   const bool lead = r0 == 0;  // the pass that prefetches
   PacedPrefetch pf = lead ? value_rows_prefetch(a, j0, lo, hi) : PacedPrefetch();
-  scores_block<T, R>(a.q + r0 * a.dk, a.dk, blk, s + r0 * kBlock, pf);
+  for (int kb = 0; kb < NK; ++kb)
+    scores_block<T, R>(a.q + r0 * a.dk, a.dk, blk + kb * a.k_block_stride, s + r0 * NB + kb * kBlock, NB, pf);
   pf.rest();
-  // the block's softmax step for each row, without branches: keys outside [lo, hi) weigh 0; the
+  // the step's softmax for each row, without branches: keys outside [lo, hi) weigh 0; the
   // rows' corrections exp(m - m') in one vector (m = -inf gives 0), applied to o as the value
   // tiles load it. Each row reduced alone: holding all 16 score vectors for rows_reduce, as
   // rows_block_q8 does, made this kernel slower (f16 21.4 against 19.4 ns a key, BM_attend)
-  const __mmask32 live = __mmask32((hi - lo >= 32 ? ~0u : ((1u << (hi - lo)) - 1)) << lo);
+  const auto live16 = [&](int i) {  // keys [lo, hi) among 16 i .. 16 i + 15
+    const int64_t a0 = std::clamp<int64_t>(lo - 16 * i, 0, 16), a1 = std::clamp<int64_t>(hi - 16 * i, 0, 16);
+    return __mmask16(((1u << a1) - 1) & ~((1u << a0) - 1));
+  };
   alignas(64) float m_old[16] = {}, m_new[16] = {}, corr[16];
   const __m512 ninf = _mm512_set1_ps(-INFINITY);
   for (int r = 0; r < R; ++r) {
-    float* sr = s + (r0 + r) * kBlock;
-    const __m512 s0 = _mm512_mask_blend_ps(__mmask16(live), ninf, _mm512_loadu_ps(sr));
-    const __m512 s1 = _mm512_mask_blend_ps(__mmask16(live >> 16), ninf, _mm512_loadu_ps(sr + 16));
-    _mm512_storeu_ps(sr, s0);
-    _mm512_storeu_ps(sr + 16, s1);
+    float* sr = s + (r0 + r) * NB;
+    __m512 mx = ninf;
+    for (int i = 0; i < NV; ++i) {
+      const __m512 x = _mm512_mask_blend_ps(live16(i), ninf, _mm512_loadu_ps(sr + 16 * i));
+      _mm512_storeu_ps(sr + 16 * i, x);
+      mx = _mm512_max_ps(mx, x);
+    }
     m_old[r] = a.m[r0 + r];
-    m_new[r] = std::max(m_old[r], _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)));
+    m_new[r] = std::max(m_old[r], _mm512_reduce_max_ps(mx));
   }
   _mm512_store_ps(corr, exp16(_mm512_sub_ps(_mm512_load_ps(m_old), _mm512_load_ps(m_new))));
   for (int r = 0; r < R; ++r) {
-    float* sr = s + (r0 + r) * kBlock;
+    float* sr = s + (r0 + r) * NB;
     const __m512 mm = _mm512_set1_ps(m_new[r]);
-    const __m512 e0 = exp16(_mm512_sub_ps(_mm512_loadu_ps(sr), mm)), e1 = exp16(_mm512_sub_ps(_mm512_loadu_ps(sr + 16), mm));
-    _mm512_storeu_ps(sr, e0);
-    _mm512_storeu_ps(sr + 16, e1);
-    a.l[r0 + r] = a.l[r0 + r] * corr[r] + _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
+    __m512 sum = _mm512_setzero_ps();
+    for (int i = 0; i < NV; ++i) {
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sr + 16 * i), mm));
+      _mm512_storeu_ps(sr + 16 * i, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    a.l[r0 + r] = a.l[r0 + r] * corr[r] + _mm512_reduce_add_ps(sum);
     a.m[r0 + r] = m_new[r];
   }
-  pf = lead ? next_key_block_prefetch(a, j0) : PacedPrefetch();
+  pf = lead ? next_key_block_prefetch(a, j0, NK) : PacedPrefetch();
   int64_t c0 = 0;
   for (; c0 + 32 <= a.dv; c0 += 32)
-    values_tile<T, R, 2>(s + r0 * kBlock, corr, lo, hi, v, a.v_row_stride, c0, a.o + r0 * a.dv, a.dv, pf);
+    values_tile<T, R, 2, NB>(s + r0 * NB, corr, lo, hi, v, a.v_row_stride, c0, a.o + r0 * a.dv, a.dv, pf);
   if (c0 < a.dv)
-    values_tile<T, R, 1>(s + r0 * kBlock, corr, lo, hi, v, a.v_row_stride, c0, a.o + r0 * a.dv, a.dv, pf);
+    values_tile<T, R, 1, NB>(s + r0 * NB, corr, lo, hi, v, a.v_row_stride, c0, a.o + r0 * a.dv, a.dv, pf);
   pf.rest();
 }
 
-template <KvType T, int R>
+template <KvType T, int R, int NK>
 void rows_pass(const AttendArgs& a, int r0, int64_t j0, int64_t lo, int64_t hi, float* s) {
   if constexpr (R > 1) {
-    if (a.rows - r0 < R) return rows_pass<T, R - 1>(a, r0, j0, lo, hi, s);
+    if (a.rows - r0 < R) return rows_pass<T, R - 1, NK>(a, r0, j0, lo, hi, s);
   }
-  rows_block<T, R>(a, r0, j0, lo, hi, s);
+  rows_block<T, R, NK>(a, r0, j0, lo, hi, s);
 }
 
 // rows_block_q8 for the min(R, rows - r0) rows from r0
@@ -384,7 +403,7 @@ void rows_pass_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, in
 
 template <KvType T>
 void attend_avx512(const AttendArgs& a) {
-  alignas(64) float s[kAttendMaxRows * kBlock];
+  alignas(64) float s[kAttendMaxRows * 2 * kBlock];
   std::optional<QueryQ8> qq;
   if constexpr (T == KvType::q8_0) qq.emplace(a.q, a.rows, a.dk);
   for (int64_t j0 = 0; j0 < a.n; j0 += kBlock) {
@@ -403,8 +422,12 @@ void attend_avx512(const AttendArgs& a) {
       } else {
         for (int r0 = 0; r0 < a.rows; r0 += kRowsPerPass) rows_pass_q8<kRowsPerPass, 1>(a, *qq, r0, j0, lo, hi);
       }
+    } else if (a.n - j0 > kBlock) {  // two blocks a step where both hold keys
+      const int64_t hi2 = std::min<int64_t>(a.n - j0, 2 * kBlock);
+      for (int r0 = 0; r0 < a.rows; r0 += kRowsPerPass) rows_pass<T, kRowsPerPass, 2>(a, r0, j0, lo, hi2, s);
+      j0 += kBlock;
     } else {
-      for (int r0 = 0; r0 < a.rows; r0 += kRowsPerPass) rows_pass<T, kRowsPerPass>(a, r0, j0, lo, hi, s);
+      for (int r0 = 0; r0 < a.rows; r0 += kRowsPerPass) rows_pass<T, kRowsPerPass, 1>(a, r0, j0, lo, hi, s);
     }
   }
 }
