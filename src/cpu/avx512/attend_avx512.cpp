@@ -93,6 +93,12 @@ void scores_block_q8(const QueryQ8View& qq, int r0, const uint8_t* blk, int64_t 
   }
 }
 
+// The lanes of keys 16 i .. 16 i + 15 of a step that lie in [lo, hi) (the keys the step weighs).
+inline __mmask16 live_keys16(int64_t lo, int64_t hi, int i) {
+  const int64_t a0 = std::clamp<int64_t>(lo - 16 * i, 0, 16), a1 = std::clamp<int64_t>(hi - 16 * i, 0, 16);
+  return __mmask16(((1u << a1) - 1) & ~((1u << a0) - 1));
+}
+
 // s[r][0 .. 32) (rows lds apart) = q_r . K_j for the R rows of q ([R][dk]) and the block's 32 keys
 // (f32, f16).
 template <KvType T, int R>
@@ -251,10 +257,7 @@ void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, i
   pf.rest();
   // per row: the step's max score bm over [lo, hi), m' = max(m, bm), the correction exp(m - m')
   // of what o holds, the step's factor exp(bm - m'), and its weights exp(s - bm) (0 outside)
-  const auto live16 = [&](int i) {  // keys [lo, hi) among 16 i .. 16 i + 15
-    const int64_t a0 = std::clamp<int64_t>(lo - 16 * i, 0, 16), a1 = std::clamp<int64_t>(hi - 16 * i, 0, 16);
-    return __mmask16(((1u << a1) - 1) & ~((1u << a0) - 1));
-  };
+  const auto live16 = [&](int i) { return live_keys16(lo, hi, i); };
   const __mmask16 rows = __mmask16((1u << R) - 1);
   const __m512 ninf = _mm512_set1_ps(-INFINITY);
   const auto score = [&](int r, int i) {
@@ -345,10 +348,7 @@ void rows_block(const AttendArgs& a, int r0, int64_t j0, int64_t lo, int64_t hi,
   // rows' corrections exp(m - m') in one vector (m = -inf gives 0), applied to o as the value
   // tiles load it. Each row reduced alone: holding all 16 score vectors for rows_reduce, as
   // rows_block_q8 does, made this kernel slower (f16 21.4 against 19.4 ns a key, BM_attend)
-  const auto live16 = [&](int i) {  // keys [lo, hi) among 16 i .. 16 i + 15
-    const int64_t a0 = std::clamp<int64_t>(lo - 16 * i, 0, 16), a1 = std::clamp<int64_t>(hi - 16 * i, 0, 16);
-    return __mmask16(((1u << a1) - 1) & ~((1u << a0) - 1));
-  };
+  const auto live16 = [&](int i) { return live_keys16(lo, hi, i); };
   alignas(64) float m_old[16] = {}, m_new[16] = {}, corr[16];
   const __m512 ninf = _mm512_set1_ps(-INFINITY);
   for (int r = 0; r < R; ++r) {
