@@ -45,33 +45,35 @@ inline float e8m0_half(uint8_t e) {
 inline __m128i load16(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
-// Decode attention (AttendFn): bytes on their way to L1 a few lines at a time, paced by the
-// kernel's loop. A key block's scores loop brings in the block's value rows, its value loop the
-// next key block, so each line is asked for about half a block's compute ahead and a thread never
-// has more misses in flight than its fill buffers hold. The same lines fetched in a burst at the
-// start of each block left one thread reading an f16 cache at 6-8 GB/s from DRAM against 21 GB/s
-// with the cache in L2; paced, 19 (AMD EPYC Zen 5, one thread, 256-key chunks).
-class PacedPrefetch {
+// Decode attention (AttendFn): bytes on their way to L1 (Hint T0; T1: to L2) a few lines at a
+// time, paced by the kernel's loop. A key block's scores loop brings in the block's value rows, its
+// value loop the next key block, so each line is asked for about half a block's compute ahead and a
+// thread never has more misses in flight than its fill buffers hold. The same lines fetched in a
+// burst at the start of each block left one thread reading an f16 cache at 6-8 GB/s from DRAM
+// against 21 GB/s with the cache in L2; paced, 19 (AMD EPYC Zen 5, one thread, 256-key chunks).
+template <int Hint>
+class PacedPrefetchTo {
  public:
-  PacedPrefetch() = default;
+  PacedPrefetchTo() = default;
   // [p, p + bytes): one line a step() (the last one again once all are asked for), and rest()
   // asks for whatever the steps left. Branch-free: GCC keeps a hot loop's accumulators in place
   // around it, where a loop inside step() made it copy them at every call. Addresses as integers:
   // a default (empty) one steps from address 0 without pointer arithmetic on null.
-  PacedPrefetch(const uint8_t* p, size_t bytes)
+  PacedPrefetchTo(const uint8_t* p, size_t bytes)
       : p_(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(63)),
         end_((reinterpret_cast<uintptr_t>(p) + bytes + 63) & ~uintptr_t(63)) {}
   void step() {
-    _mm_prefetch(reinterpret_cast<const char*>(p_), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p_), _mm_hint(Hint));
     p_ = p_ + 64 < end_ ? p_ + 64 : p_;
   }
   void rest() {
-    for (; p_ < end_; p_ += 64) _mm_prefetch(reinterpret_cast<const char*>(p_), _MM_HINT_T0);
+    for (; p_ < end_; p_ += 64) _mm_prefetch(reinterpret_cast<const char*>(p_), _mm_hint(Hint));
   }
 
  private:
   uintptr_t p_ = 0, end_ = 0;
 };
+using PacedPrefetch = PacedPrefetchTo<_MM_HINT_T0>;
 
 // The query rows of an attend call prepared for q8_0 keys (kernels.h QueryQ8View), on the stack.
 struct QueryQ8 {
@@ -83,14 +85,16 @@ struct QueryQ8 {
 };
 
 // The value rows of keys [lo, hi) of the key block at j0.
-inline PacedPrefetch value_rows_prefetch(const AttendArgs& a, int64_t j0, int64_t lo, int64_t hi) {
-  return PacedPrefetch(a.v + size_t(j0 + lo) * a.v_row_stride, size_t(hi - lo) * a.v_row_stride);
+template <int Hint = _MM_HINT_T0>
+PacedPrefetchTo<Hint> value_rows_prefetch(const AttendArgs& a, int64_t j0, int64_t lo, int64_t hi) {
+  return PacedPrefetchTo<Hint>(a.v + size_t(j0 + lo) * a.v_row_stride, size_t(hi - lo) * a.v_row_stride);
 }
 // The `blocks` key blocks after the `blocks` from the one at j0 (fewer, or none, at the range's end).
-inline PacedPrefetch next_key_block_prefetch(const AttendArgs& a, int64_t j0, int64_t blocks = 1) {
+template <int Hint = _MM_HINT_T0>
+PacedPrefetchTo<Hint> next_key_block_prefetch(const AttendArgs& a, int64_t j0, int64_t blocks = 1) {
   const int64_t next = j0 / kKvKeyBlock + blocks, left = (a.n + kKvKeyBlock - 1) / kKvKeyBlock - next;
   if (left <= 0) return {};
-  return PacedPrefetch(a.k + size_t(next) * a.k_block_stride, size_t(std::min(blocks, left)) * a.k_block_stride);
+  return PacedPrefetchTo<Hint>(a.k + size_t(next) * a.k_block_stride, size_t(std::min(blocks, left)) * a.k_block_stride);
 }
 
 // exp(x) for 8 lanes: as ../avx512/exp512.h's exp16 (the same polynomial in 256-bit vectors); 2^n built in the exponent field (n clamped to [-126, 127]).

@@ -14,8 +14,9 @@
 //           times the rows' scales rounded to int16, two keys a vpdpwssd lane against the int8
 //           quants (values_q8).
 // Nothing is widened into memory; the step's scores ([rows][keys]) stay in L1. The first pass over
-// a step paces the prefetches (simd_common.h PacedPrefetch): its scores loop one line of the
-// step's value rows per dimension, its value loop one line of the next step's key blocks per key.
+// a step paces the prefetches (simd_common.h PacedPrefetchTo): its scores loop one line of the
+// step's value rows per dimension, its value loop one line of the next step's key blocks per key;
+// f32 / f16 into L1, q8_0 into L2 (rows_block_q8).
 
 // GCC 12's avx512fintrin.h initialises its "undefined" vectors from themselves (GCC PR 105593),
 // which -Wuninitialized then reports at every inlined use; fixed in GCC 13.
@@ -61,9 +62,9 @@ constexpr size_t entry_bytes() {
 // vpdpbusd of the keys' offset bytes (4 dims a lane) against the row's 4 int8 values broadcast,
 // the exact sum then times the key's and the row's scales. Keys past n are not stored.
 // pf.step() dk / 4 times a half.
-template <int R>
+template <int R, class Prefetch>
 void scores_block_q8(const QueryQ8View& qq, int r0, const uint8_t* blk, int64_t n, float* s, int64_t lds,
-                     PacedPrefetch& pf) {
+                     Prefetch& pf) {
   const int64_t dk = qq.dk, ng = dk / 32;
   const uint8_t* scales = blk + dk * kBlock;  // halves [dk / 32][32]
   for (int h = 0; h < 2 && 16 * h < n; ++h) {
@@ -198,10 +199,10 @@ constexpr int8_t kPairDword[32] = {0,  1,  4,  5,  8,  9,  12, 13, 2,  3,  6,  7
 // the keys of the step's range), value rows at v (row_stride bytes apart), j_lo even. The
 // interleave leaves column 8k + i of the 32 in lane 4k + i of the low sums (i < 4) and 4k + i - 4
 // of the high; the floats are put back in column order before they meet o.
-template <int R, int WS>
+template <int R, int WS, class Prefetch>
 __attribute__((noinline)) void values_q8(const int32_t* w, const float* corr, const float* scale, int64_t j_lo,
                                          int64_t hi, const uint8_t* v, size_t row_stride, int64_t b, float* o,
-                                         int64_t dv, PacedPrefetch& pf) {
+                                         int64_t dv, Prefetch& pf) {
   __m512i acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
   const uint8_t* row = v + size_t(j_lo) * row_stride + size_t(b) * sizeof(block_q8_0) + offsetof(block_q8_0, qs);
@@ -250,7 +251,15 @@ void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, i
   const uint8_t* blk = a.k + size_t(j0 / kBlock) * a.k_block_stride;
   const uint8_t* v = a.v + size_t(j0) * a.v_row_stride;
   const bool lead = r0 == 0;  // the pass that prefetches
-  PacedPrefetch pf = lead ? value_rows_prefetch(a, j0, lo, hi) : PacedPrefetch();
+  // into L2, not L1: a four-block step's value rows (17 KB for 128 dims) and the next step's key
+  // blocks (17 KB) together overflow a 32 KB L1, so lines fetched into it for the next step pushed
+  // out this step's value rows, read four times. Into L2, the cache read from DRAM as the forward
+  // pass does (BM_attention_decode/q8_0/4096, 2 threads, Zen 4, 6 alternated runs): 281-377 ->
+  // 274-308 us a layer; one thread over 131072 keys (BM_attend/avx512/q8_0/dram, both cores
+  // running one) 33.6-43.5 -> 31-39 ns a key; in L2 level. The f16 kernel's steps (16 + 16 KB)
+  // fit, and went slower so (55-67 -> 68-82 ns a key from DRAM).
+  using Prefetch = PacedPrefetchTo<_MM_HINT_T1>;
+  Prefetch pf = lead ? value_rows_prefetch<_MM_HINT_T1>(a, j0, lo, hi) : Prefetch();
   alignas(64) float sb[kRowsPerPass * NB];  // the step's scores, then its weights exp(s - max), [R][NB]
   for (int kb = 0; kb < NK; ++kb)
     scores_block_q8<R>(qq.view, r0, blk + kb * a.k_block_stride, kBlock, sb + kb * kBlock, NB, pf);
@@ -290,7 +299,7 @@ void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, i
   _mm512_mask_storeu_ps(a.l + r0, rows,
                         _mm512_fmadd_ps(_mm512_maskz_loadu_ps(rows, a.l + r0), corrv, _mm512_mul_ps(ev, sums)));
   const int64_t nb = a.dv / 32, j_lo = lo & ~int64_t(1);
-  pf = lead ? next_key_block_prefetch(a, j0, NK) : PacedPrefetch();
+  pf = lead ? next_key_block_prefetch<_MM_HINT_T1>(a, j0, NK) : Prefetch();
   constexpr int WS = int(NB / 2);  // weight pairs a row
   alignas(64) int32_t w[R * WS];
   // byte offsets of the step's value rows, 16 keys a vector: their scales are gathered (live keys only)
