@@ -254,9 +254,10 @@ void rows_block_q8(const AttendArgs& a, const QueryQ8& qq, int r0, int64_t j0, i
   // into L2, not L1: a four-block step's value rows (17 KB for 128 dims) and the next step's key
   // blocks (17 KB) together overflow a 32 KB L1, so lines fetched into it for the next step pushed
   // out this step's value rows, read four times. Into L2, the cache read from DRAM as the forward
-  // pass does (BM_attention_decode/q8_0/4096, 2 threads, Zen 4, 6 alternated runs): 281-377 ->
-  // 274-308 us a layer; one thread over 131072 keys (BM_attend/avx512/q8_0/dram, both cores
-  // running one) 33.6-43.5 -> 31-39 ns a key; in L2 level. The f16 kernel (16 + 16 KB a
+  // pass does (BM_attention_decode/q8_0, 2 threads, Zen 4, medians of 5-8 alternated runs):
+  // depth 16384 1196-1455 -> 949-1191 us a layer, depth 4096 301 -> 262 (level in a slow phase);
+  // one thread over 131072 keys (BM_attend/avx512/q8_0/dram, both cores running one) 33.6-43.5
+  // -> 31-39 ns a key; in L2 level. The f16 kernel (16 + 16 KB a
   // two-block step, each value line read once) went slower so: 55-67 -> 68-82 ns a key from DRAM.
   using Prefetch = PacedPrefetchTo<_MM_HINT_T1>;
   Prefetch pf = lead ? value_rows_prefetch<_MM_HINT_T1>(a, j0, lo, hi) : Prefetch();
