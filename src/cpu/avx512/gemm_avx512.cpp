@@ -566,9 +566,9 @@ void q4K_pair(int64_t nsb, const Rows& a_rows, const Rows& b_rows, const uint8_t
 // Software prefetch distance of the decode kernels: two Q4_K super-blocks of a group ahead. The
 // hardware prefetchers alone left one thread at 14 GB/s from DRAM (vec_dot on the file layout:
 // 21); with this, 29 (measured on the 2-core Zen 4 VM, 4096 x 4096 matrices, in turn from a
-// 256 MiB stack). Except in gemv_q4K_interleaved, the lines are asked for into L2 (prefetcht1), a
-// few with each step of the kernel's loop: asked for into L1 in one burst per super-block, the
-// burst held the loop's own loads behind it. Zen 4, alternated with the burst (session 42,
+// 256 MiB stack). The lines are asked for into L2 (prefetcht1); except in gemv_q4K_interleaved
+// (one burst a super-block), a few with each step of the kernel's loop: asked for into L1 in one
+// burst per super-block, the burst held the loop's own loads behind it. Zen 4, alternated with the burst (session 42,
 // `strata_bench_kernels --benchmark_filter='BM_matmul_backend/q[46]_K/'`), of the DRAM probe:
 // Q6_K one token 0.36-0.44 -> 0.69-0.86, four tokens 0.23-0.28 -> 0.51-0.73; Q4_K four tokens
 // 0.35-0.45 -> 0.50-0.77. Not re-measured on Zen 5, where a driver of session 30 found four
@@ -594,10 +594,14 @@ void gemv_q4K_interleaved(int64_t nsb, const uint8_t* group, const uint8_t* a, c
     const uint8_t* blk = group + size_t(sb) * sizeof(block_q4_K) * kRows;
     const uint8_t* aq = a + size_t(sb) * sizeof(block_q8_K) + kQ8KQs;
     {
-      // into L1 in one burst: spread as the other decode kernels' (below), 4096 x 4096 read 0.89-0.94
-      // of the DRAM probe against 0.97-0.99 so (Zen 4, session 42)
+      // in one burst into L2: into L1 (session 42's choice) the burst took the L1's miss slots
+      // from the loop's own loads, and the kernel fell behind the probe when it read fast (Zen 4,
+      // session 46, 5 alternated rounds of BM_matmul_backend/q4_K/4096x4096 and
+      // BM_expert_ffn/q4_K/16_layers: 0.82-0.95 and 0.73-0.91 of the probe into L1, 1.00-1.20 and
+      // 0.93-0.99 into L2; 3 and 4 super-blocks ahead, or 6 and 8, no better). Spread as the other
+      // decode kernels' (below): 0.89-0.94 against 0.97-0.99 for the L1 burst (session 42).
       const char* pf = reinterpret_cast<const char*>(blk) + kPrefetchAhead;
-      for (int l = 0; l < 36; ++l) _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
+      for (int l = 0; l < 36; ++l) prefetch_l2(pf + 64 * l);
     }
     const __m512i z0 = load64(blk), z1 = load64(blk + 64), z2 = load64(blk + 128), z3 = load64(blk + 192);
     __m512i s[8];
