@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "base/error.h"
 #include "cpu/kernels.h"
 #include "gguf_builder.h"
 #include "test_support.h"
@@ -69,6 +70,22 @@ TEST(Cli, RunWithMtpDraftsGivesTheSameGreedyText) {
   EXPECT_NE(log.find("multi-token-prediction (nextn) layer; the first drafts with --draft mtp"), std::string::npos)
       << log;
   EXPECT_NE(log.find("speculative (mtp)"), std::string::npos) << log;
+}
+
+// bench compares every repetition with the limit probed around it; the table's fraction is the
+// median repetition's (this VM's bandwidth moves within seconds: the last one alone misled)
+TEST(Cli, BenchGivesEachRepetitionsFractionAndTheMedian) {
+  std::string out;
+  ASSERT_EQ(test::run_cli("bench -p 0 -n 2 -r 3 --json", &out, true), 0) << out;
+  const auto j = nlohmann::json::parse(out);
+  ASSERT_EQ(j.size(), 1u);
+  std::vector<double> f = j[0]["limit_fractions"].get<std::vector<double>>();
+  ASSERT_EQ(f.size(), 3u);
+  for (double x : f) EXPECT_GT(x, 0.0);
+  std::sort(f.begin(), f.end());
+  EXPECT_DOUBLE_EQ(j[0]["limit_fraction"].get<double>(), f[1]);
+  EXPECT_NE(j[0]["limit"].get<std::string>().find(strata::strfmt("= %.2f of DRAM", f[1])), std::string::npos)
+      << j[0]["limit"];
 }
 
 // bench --speculative prints the cost curve (k = 0 and 1 here), the speed-up by acceptance rate

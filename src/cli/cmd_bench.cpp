@@ -4,8 +4,9 @@
 // evaluated once) in a fresh session on random tokens: an untimed warm-up pass (unless
 // --no-warmup), then --reps timed ones, the depths' repetitions taken in turn (so that a ratio
 // between depths compares passes of the same minute); the table gives the median and standard
-// deviation of tok/s and compares each test with the machine's limit measured around it (DRAM
-// roofline for decode, int8 peak for prefill: shared machines drift).
+// deviation of tok/s and compares each test with the machine's limit probed just before and after
+// each repetition (DRAM roofline for decode, int8 peak for prefill: shared machines drift), giving
+// every repetition's fraction and the median's.
 
 #include <nlohmann/json.hpp>
 
@@ -15,6 +16,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <numeric>
 #include <random>
 
 #include "base/profiler.h"
@@ -70,7 +72,11 @@ struct TestResult {
   int64_t depth = 0;
   std::vector<double> tok_per_s;
   double warmup_tok_per_s = 0;  // the untimed pass before the repetitions (0: --no-warmup)
-  double limit_fraction = 0;  // of the mean of the probes taken around the last repetition
+  // each repetition's rate against the mean of the probes taken just before and after it; the
+  // table gives the median repetition's (limit_fraction, limit_text)
+  std::vector<double> limit_fractions;
+  std::vector<std::string> limit_texts;
+  double limit_fraction = 0;
   std::string limit_text;
   std::string profile_text;
   // NVMe tier (streamed experts), last repetition
@@ -512,8 +518,8 @@ int run_bench(const BenchOptions& o) {
           // 2 ops per weight per token; the output head runs for the last token only
           const double out = double(sm.roles[int(TensorRole::output)].n_params);
           const double gops = (2.0 * (double(sm.active_params_per_token) - out) * t.n + 2.0 * out) / sec / 1e9;
-          r.limit_fraction = limit > 0 ? gops / limit : 0;
-          r.limit_text = strfmt("%.0f GOP/s = %.2f of int8 peak %.0f", gops, r.limit_fraction, limit);
+          r.limit_fractions.push_back(limit > 0 ? gops / limit : 0);
+          r.limit_texts.push_back(strfmt("%.0f GOP/s = %.2f of int8 peak %.0f", gops, r.limit_fractions.back(), limit));
         } else {
           // bytes one sequence's token needs, over all tokens produced (streams share the weights'
           // reads: above 1 of the roofline means batching paid): the active weights, and the KV
@@ -524,8 +530,8 @@ int run_bench(const BenchOptions& o) {
                                             : 0.0;
           kv_read_per_token = kv;
           const double gbs = (double(sm.active_bytes_per_token) + kv) * t.n * t.streams / sec / 1e9;
-          r.limit_fraction = limit > 0 ? gbs / limit : 0;
-          r.limit_text = strfmt("%.1f GB/s = %.2f of DRAM %.1f GB/s", gbs, r.limit_fraction, limit);
+          r.limit_fractions.push_back(limit > 0 ? gbs / limit : 0);
+          r.limit_texts.push_back(strfmt("%.1f GB/s = %.2f of DRAM %.1f GB/s", gbs, r.limit_fractions.back(), limit));
         }
         if (o.profile) r.profile_text = profile_line(t.n);
         node_figures(double(t.n) * (t.prefill ? 1 : t.streams), sec, r);
@@ -536,6 +542,17 @@ int run_bench(const BenchOptions& o) {
           engram_figures(engine.engram_store()->stats(), double(t.n) * (t.prefill ? 1 : t.streams), r);
       }
     }
+    for (DepthRun& run : runs) {  // the median repetition's fraction of the limit (the lower of two middles)
+      TestResult& r = run.r;
+      std::vector<size_t> order(r.limit_fractions.size());
+      std::iota(order.begin(), order.end(), size_t(0));
+      std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return r.limit_fractions[a] < r.limit_fractions[b]; });
+      if (!order.empty()) {
+        const size_t mid = order[(order.size() - 1) / 2];
+        r.limit_fraction = r.limit_fractions[mid];
+        r.limit_text = r.limit_texts[mid];
+      }
+    }
     for (const DepthRun& run : runs) {
       const TestResult& r = run.r;
       if (!o.json) {
@@ -543,9 +560,11 @@ int run_bench(const BenchOptions& o) {
         std::printf("| %-28s | %10s | %6.2f B | %-10s | %7d | %8s | %10.2f ± %7.2f | %-34s |\n", model_name.substr(0, 28).c_str(),
                     format_size(sm.n_bytes).c_str(), params, backend.c_str(), pool.size(), name.c_str(), median(r.tok_per_s),
                     stddev(r.tok_per_s), r.limit_text.c_str());
-        std::string samples;
+        std::string samples, fractions;
         for (double x : r.tok_per_s) samples += strfmt("%s%.2f", samples.empty() ? "" : ", ", x);
-        std::printf("    tok/s: median of %s; %s\n", samples.c_str(),
+        for (double x : r.limit_fractions) fractions += strfmt("%s%.2f", fractions.empty() ? "" : ", ", x);
+        std::printf("    tok/s: median of %s (of the limit: %s; the table gives the median); %s\n", samples.c_str(),
+                    fractions.c_str(),
                     o.no_warmup ? "no warm-up pass (--no-warmup): the first is the first pass after loading"
                                 : strfmt("warm-up pass before them %.2f (untimed)", r.warmup_tok_per_s).c_str());
         if (&run != &runs[0]) {
@@ -588,6 +607,7 @@ int run_bench(const BenchOptions& o) {
                      {"stddev_ts", stddev(r.tok_per_s)},
                      {"samples_ts", r.tok_per_s},
                      {"limit_fraction", r.limit_fraction},
+                     {"limit_fractions", r.limit_fractions},
                      {"limit", r.limit_text},
                      {"prefill_tps", r.test.prefill ? median(r.tok_per_s) : 0.0},
                      {"decode_tps", r.test.prefill ? 0.0 : median(r.tok_per_s)},
