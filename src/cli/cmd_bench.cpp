@@ -73,11 +73,15 @@ struct TestResult {
   std::vector<double> tok_per_s;
   double warmup_tok_per_s = 0;  // the untimed pass before the repetitions (0: --no-warmup)
   // each repetition's rate against the mean of the probes taken just before and after it; the
-  // table gives the median repetition's (limit_fraction, limit_text)
+  // table gives the median repetition's (the lower of two middles)
   std::vector<double> limit_fractions;
   std::vector<std::string> limit_texts;
-  double limit_fraction = 0;
-  std::string limit_text;
+  size_t median_limit() const {
+    std::vector<size_t> order(limit_fractions.size());
+    std::iota(order.begin(), order.end(), size_t(0));
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return limit_fractions[a] < limit_fractions[b]; });
+    return order[(order.size() - 1) / 2];
+  }
   std::string profile_text;
   // NVMe tier (streamed experts), last repetition
   double ram_hit_rate = 1, nvme_bytes_per_token = 0, nvme_gbps = 0, nvme_wait_per_token = 0;
@@ -542,24 +546,13 @@ int run_bench(const BenchOptions& o) {
           engram_figures(engine.engram_store()->stats(), double(t.n) * (t.prefill ? 1 : t.streams), r);
       }
     }
-    for (DepthRun& run : runs) {  // the median repetition's fraction of the limit (the lower of two middles)
-      TestResult& r = run.r;
-      std::vector<size_t> order(r.limit_fractions.size());
-      std::iota(order.begin(), order.end(), size_t(0));
-      std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return r.limit_fractions[a] < r.limit_fractions[b]; });
-      if (!order.empty()) {
-        const size_t mid = order[(order.size() - 1) / 2];
-        r.limit_fraction = r.limit_fractions[mid];
-        r.limit_text = r.limit_texts[mid];
-      }
-    }
     for (const DepthRun& run : runs) {
       const TestResult& r = run.r;
       if (!o.json) {
         const std::string name = t.name() + (run.depth > 0 ? strfmt(" @ d%lld", static_cast<long long>(run.depth)) : "");
         std::printf("| %-28s | %10s | %6.2f B | %-10s | %7d | %8s | %10.2f ± %7.2f | %-34s |\n", model_name.substr(0, 28).c_str(),
                     format_size(sm.n_bytes).c_str(), params, backend.c_str(), pool.size(), name.c_str(), median(r.tok_per_s),
-                    stddev(r.tok_per_s), r.limit_text.c_str());
+                    stddev(r.tok_per_s), r.limit_texts[r.median_limit()].c_str());
         std::string samples, fractions;
         for (double x : r.tok_per_s) samples += strfmt("%s%.2f", samples.empty() ? "" : ", ", x);
         for (double x : r.limit_fractions) fractions += strfmt("%s%.2f", fractions.empty() ? "" : ", ", x);
@@ -606,9 +599,9 @@ int run_bench(const BenchOptions& o) {
                      {"warmup_ts", r.warmup_tok_per_s},
                      {"stddev_ts", stddev(r.tok_per_s)},
                      {"samples_ts", r.tok_per_s},
-                     {"limit_fraction", r.limit_fraction},
+                     {"limit_fraction", r.limit_fractions[r.median_limit()]},
                      {"limit_fractions", r.limit_fractions},
-                     {"limit", r.limit_text},
+                     {"limit", r.limit_texts[r.median_limit()]},
                      {"prefill_tps", r.test.prefill ? median(r.tok_per_s) : 0.0},
                      {"decode_tps", r.test.prefill ? 0.0 : median(r.tok_per_s)},
                      {"ram_hit_rate", r.ram_hit_rate},

@@ -566,12 +566,12 @@ void q4K_pair(int64_t nsb, const Rows& a_rows, const Rows& b_rows, const uint8_t
 // Software prefetch distance of the decode kernels: two Q4_K super-blocks of a group ahead. The
 // hardware prefetchers alone left one thread at 14 GB/s from DRAM (vec_dot on the file layout:
 // 21); with this, 29 (measured on the 2-core Zen 4 VM, 4096 x 4096 matrices, in turn from a
-// 256 MiB stack). The lines are asked for into L2 (prefetcht1); except in gemv_q4K_interleaved
-// (one burst a super-block), a few with each step of the kernel's loop: asked for into L1 in one
-// burst per super-block, the burst held the loop's own loads behind it. Zen 4, alternated with the burst (session 42,
-// `strata_bench_kernels --benchmark_filter='BM_matmul_backend/q[46]_K/'`), of the DRAM probe:
-// Q6_K one token 0.36-0.44 -> 0.69-0.86, four tokens 0.23-0.28 -> 0.51-0.73; Q4_K four tokens
-// 0.35-0.45 -> 0.50-0.77. Not re-measured on Zen 5, where a driver of session 30 found four
+// 256 MiB stack). The lines are asked for into L2 (prefetcht1), a few with each step of the
+// kernel's loop (gemv_q4K_interleaved: one burst a super-block): asked for into L1 in one burst
+// per super-block, the burst held the loop's own loads behind it. Zen 4, alternated with the
+// burst (session 42, `strata_bench_kernels --benchmark_filter='BM_matmul_backend/q[46]_K/'`), of
+// the DRAM probe: Q6_K one token 0.36-0.44 -> 0.69-0.86, four tokens 0.23-0.28 -> 0.51-0.73; Q4_K
+// four tokens 0.35-0.45 -> 0.50-0.77. Not re-measured on Zen 5, where a driver of session 30 found four
 // prefetches into L1 a loop step 5-10% slower than the burst paced over an unrolled loop.
 constexpr size_t kPrefetchAhead = 2 * kRows * sizeof(block_q4_K);
 // Q6_K's: two of its super-blocks (one and a third, as Q4_K's bytes: BM_expert_ffn/q6_K 0.70-0.72
@@ -598,8 +598,9 @@ void gemv_q4K_interleaved(int64_t nsb, const uint8_t* group, const uint8_t* a, c
       // from the loop's own loads, and the kernel fell behind the probe when it read fast (Zen 4,
       // session 46, 5 alternated rounds of BM_matmul_backend/q4_K/4096x4096 and
       // BM_expert_ffn/q4_K/16_layers: 0.82-0.95 and 0.73-0.91 of the probe into L1, 1.00-1.20 and
-      // 0.93-0.99 into L2; 3 and 4 super-blocks ahead, or 6 and 8, no better). Spread as the other
-      // decode kernels' (below): 0.89-0.94 against 0.97-0.99 for the L1 burst (session 42).
+      // 0.93-0.99 into L2; 3 and 4 super-blocks ahead, or 6 and 8, no better). Spread into L2 as
+      // the other decode kernels' (below): level with this burst (70.4 against 71.2 ms a token of
+      // the synthetic 30B, token-interleaved A/B, session 46).
       const char* pf = reinterpret_cast<const char*>(blk) + kPrefetchAhead;
       for (int l = 0; l < 36; ++l) prefetch_l2(pf + 64 * l);
     }
